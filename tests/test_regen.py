@@ -1,0 +1,143 @@
+"""`domino regen`: output schema, resuming, kill tolerance, skip counts, batched == unbatched greedy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from domino_hf.data import PromptRecord, PromptSet, chat_input_ids
+from domino_hf.training import regen
+from domino_hf.training.regen import generate_batch, read_existing, regenerate
+
+FIELDS = ["id", "prompt", "response", "prompt_ids", "response_ids", "finished"]
+
+
+def _prompts(n: int, skipped: int = 0) -> PromptSet:
+    # Different lengths, so batches really are left-padded.
+    records = [PromptRecord(id=f"p{i}", turns=[" ".join(f"w{(i * 7 + j) % 90}" for j in range(1 + i % 5))])
+               for i in range(n)]
+    return PromptSet(records, skipped, "test")
+
+
+def _rows(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _eos_from_output(model, tokenizer, prompts):
+    """Make a token of the first answer its EOS, so some answers finish and some do not.
+
+    Returns `(eos id, length of the first answer)`: the first token that does not repeat an earlier one.
+    """
+    ids = chat_input_ids(tokenizer, prompts.records[0].turns)
+    answer = model.generate(torch.tensor([ids]), max_new_tokens=5, do_sample=False)[0, len(ids):].tolist()
+    end = next(i for i in range(1, len(answer)) if answer[i] not in answer[:i])
+    model.generation_config.eos_token_id = answer[end]
+    return answer[end], end + 1
+
+
+def test_regen_writes_the_schema(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    prompts = _prompts(6, skipped=2)
+    eos, length = _eos_from_output(model, tokenizer, prompts)
+    out = tmp_path / "out" / "regen.jsonl"
+    summary = regenerate(model, tokenizer, prompts, out, batch_size=4, max_new_tokens=6)
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == [f"p{i}" for i in range(6)]
+    assert all(list(r) == FIELDS for r in rows)
+    assert rows[0]["finished"] and rows[0]["response_ids"][-1] == eos and len(rows[0]["response_ids"]) == length
+    for row, record in zip(rows, prompts.records):
+        assert row["prompt"] == record.turns[0]
+        assert row["prompt_ids"] == chat_input_ids(tokenizer, record.turns)
+        assert row["response"] == tokenizer.decode(row["response_ids"], skip_special_tokens=True)
+        if row["finished"]:
+            assert row["response_ids"].count(eos) == 1 and row["response_ids"][-1] == eos
+        else:
+            assert len(row["response_ids"]) == 6 and eos not in row["response_ids"]
+    assert summary["written"] == 6 and summary["skipped_malformed"] == 2
+    assert summary["response_tokens"] == sum(len(r["response_ids"]) for r in rows)
+    assert summary["finished"] == sum(r["finished"] for r in rows)
+    assert 0 < summary["finished"] < len(rows)  # both kinds of rows were checked
+
+
+def test_rerun_skips_existing_and_repairs_a_truncated_last_line(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    out = tmp_path / "regen.jsonl"
+    regenerate(model, tokenizer, _prompts(3), out, batch_size=2, max_new_tokens=4)
+    complete = _rows(out)
+    # Simulate a kill mid-write: half of a fourth line without its newline.
+    with out.open("a") as fh:
+        fh.write(json.dumps({**complete[0], "id": "p3"})[:20])
+    assert read_existing(out) == {"p0", "p1", "p2"}
+    assert out.read_text().endswith("\n")  # the partial tail was cut off
+
+    summary = regenerate(model, tokenizer, _prompts(5), out, batch_size=2, max_new_tokens=4)
+    assert (summary["written"], summary["skipped_existing"]) == (2, 3)
+    rows = _rows(out)
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2", "p3", "p4"]
+    assert rows[:3] == complete
+    # Same answers as a fresh run: resuming does not change the data.
+    fresh = tmp_path / "fresh.jsonl"
+    regenerate(model, tokenizer, _prompts(5), fresh, batch_size=2, max_new_tokens=4)
+    assert _rows(fresh) == rows
+
+
+def test_too_long_prompts_and_limit_are_counted(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    prompts = _prompts(4)
+    prompts.records.append(PromptRecord(id="long", turns=["w1 " * 50]))
+    prompts.records.append(PromptRecord(id="p0", turns=["duplicate id"]))
+    summary = regenerate(model, tokenizer, prompts, tmp_path / "o.jsonl", max_new_tokens=2, max_prompt_tokens=20)
+    assert (summary["written"], summary["skipped_too_long"], summary["skipped_existing"]) == (4, 1, 1)
+    summary = regenerate(model, tokenizer, _prompts(4), tmp_path / "l.jsonl", max_new_tokens=2, limit=2)
+    assert summary["written"] == 2
+
+
+def test_batched_left_padded_greedy_equals_unbatched(tiny_llama):
+    model, tokenizer = tiny_llama
+    prompt_ids = [chat_input_ids(tokenizer, r.turns) for r in _prompts(5).records]
+    assert len({len(ids) for ids in prompt_ids}) > 1
+    kwargs = dict(max_new_tokens=8, do_sample=False)
+    pad, eos = tokenizer.pad_token_id, [tokenizer.eos_token_id]
+    batched = generate_batch(model, prompt_ids, pad, eos, **kwargs)
+    single = [generate_batch(model, [ids], pad, eos, **kwargs)[0] for ids in prompt_ids]
+    assert batched == single
+
+
+def test_sampling_is_seeded(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    for path in (a, b):
+        regenerate(model, tokenizer, _prompts(3), path, max_new_tokens=5, temperature=1.5, seed=3)
+    assert _rows(a) == _rows(b)
+
+
+def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
+    parser = argparse.ArgumentParser(prog="domino")
+    regen.register(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["regen", "--help"])
+    help_text = capsys.readouterr().out
+    for flag in ("--target", "--prompts", "--out", "--batch-size", "--max-new-tokens", "--max-prompt-tokens",
+                 "--temperature", "--limit", "--dtype"):
+        assert flag in help_text
+
+    prompts_file = tmp_path / "p.jsonl"
+    prompts_file.write_text("".join(json.dumps({"id": r.id, "prompt": r.turns[0]}) + "\n"
+                                    for r in _prompts(3).records) + "{broken\n")
+    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device: tiny_llama)
+    out = tmp_path / "o.jsonl"
+    args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "3",
+                              "--device", "cpu"])
+    assert args.func(args) == 0
+    assert [r["id"] for r in _rows(out)] == ["p0", "p1", "p2"]
+
+
+def test_cli_bad_source_is_a_clean_error(tmp_path, caplog):
+    parser = argparse.ArgumentParser(prog="domino")
+    regen.register(parser.add_subparsers())
+    args = parser.parse_args(["regen", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])
+    assert args.func(args) == 2
+    assert "neither a file nor" in caplog.text

