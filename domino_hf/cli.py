@@ -12,6 +12,7 @@ import sys
 
 SUBCOMMANDS = (
     "domino_hf.training.regen",
+    "domino_hf.training.features",
     "domino_hf.training.train",
     "domino_hf.training.export",
     "domino_hf.bench.cli",

@@ -1,0 +1,156 @@
+"""Training data: regenerated (prompt, response) token ids, anchor sampling, and the draft sub-vocabulary.
+
+Input is the JSONL that `domino regen` writes (`prompt_ids`, `response_ids`; see `domino_hf.training.regen`).
+Anchors are drawn inside the response only, from a generator seeded by (seed, example, epoch): the same run
+always sees the same blocks, whatever the number of processes and however often it was resumed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch.utils.data import Dataset
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RegenExample:
+    prompt_ids: list[int]
+    response_ids: list[int]
+
+
+@dataclass
+class RegenDataset(Dataset):
+    """Token-id examples; malformed lines are skipped and counted in `skipped`, never used."""
+
+    examples: list[RegenExample]
+    skipped: int = 0
+    epoch: int = 0
+    source: str = ""
+    max_length: int = 3072
+    features: object = None  # an optional `FeatureStore` with the target's context features
+
+    def use_features(self, store) -> None:
+        """Read context features from `store` instead of running the target; keeps the extracted prefix."""
+        available = store.available()
+        if available < len(self.examples):
+            logger.warning("Features exist for %d of %d examples: training on those", available, len(self.examples))
+            self.examples = self.examples[:available]
+        self.features = store
+
+    @classmethod
+    def from_jsonl(cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None):
+        examples, skipped = [], 0
+        for path in [paths] if isinstance(paths, (str, Path)) else paths:
+            with open(path, encoding="utf-8") as handle:
+                for line in handle:
+                    if limit is not None and len(examples) >= limit:
+                        break
+                    example = _parse_line(line, vocab_size)
+                    if example is None:
+                        skipped += line.strip() != ""
+                        continue
+                    room = max_length - len(example.prompt_ids)
+                    if room < 2:
+                        skipped += 1
+                        continue
+                    example.response_ids = example.response_ids[:room]
+                    examples.append(example)
+        if skipped:
+            logger.warning("Skipped %d malformed or unusable lines in %s", skipped, paths)
+        logger.info("Loaded %d training examples (%d response tokens)", len(examples), sum(len(e.response_ids) for e in examples))
+        return cls(examples=examples, skipped=skipped, source=str(paths), max_length=max_length)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, index: int) -> dict:
+        example = self.examples[index]
+        item = {"index": index, "epoch": self.epoch, "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
+        if self.features is not None:
+            item["features"] = self.features.get(index, len(example.prompt_ids) + len(example.response_ids))
+        return item
+
+    def num_response_tokens(self) -> int:
+        return sum(len(e.response_ids) for e in self.examples)
+
+
+def _parse_line(line: str, vocab_size: int | None) -> RegenExample | None:
+    try:
+        record = json.loads(line)
+        prompt, response = record["prompt_ids"], record["response_ids"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return None
+    ids_ok = all(isinstance(t, int) and t >= 0 and (vocab_size is None or t < vocab_size) for t in [*prompt, *response])
+    if not (isinstance(prompt, list) and isinstance(response, list) and prompt and len(response) >= 2 and ids_ok):
+        return None
+    return RegenExample(prompt_ids=prompt, response_ids=response)
+
+
+def build_draft_vocab(dataset: RegenDataset, size: int, always: tuple[int, ...] = ()) -> tuple[list[int], float]:
+    """The `size` most frequent response tokens (plus `always`, e.g. EOS), sorted; and their coverage of the
+    data's response tokens (the best acceptance a sub-vocabulary allows at the first draft position)."""
+    counts = Counter(t for e in dataset.examples for t in e.response_ids)
+    chosen = {t for t in always}
+    for token, _ in counts.most_common():
+        if len(chosen) >= size:
+            break
+        chosen.add(token)
+    total = sum(counts.values())
+    coverage = sum(counts[t] for t in chosen) / max(total, 1)
+    return sorted(chosen), coverage
+
+
+class AnchorCollator:
+    """Pads a batch (right padding) and draws up to `num_anchors` anchors per sequence inside the response.
+
+    An anchor a needs a label x_{a+1}, so a ∈ [len(prompt), len - 2]. Labels of draft token j are x_{a+1+j}
+    mapped to draft-vocabulary indices (-1 = outside the sub-vocabulary, -100 = past the end / no anchor).
+    """
+
+    def __init__(self, config, num_anchors: int, pad_token_id: int = 0, seed: int = 0):
+        self.block_size = config.block_size
+        self.num_draft = config.num_draft_tokens
+        self.mask_token_id = config.mask_token_id
+        self.num_anchors = num_anchors
+        self.pad_token_id = pad_token_id
+        self.seed = seed
+        self.vocab_map = None
+        if config.draft_vocab_ids is not None:
+            self.vocab_map = torch.full((config.vocab_size,), -1, dtype=torch.long)
+            self.vocab_map[torch.tensor(config.draft_vocab_ids)] = torch.arange(len(config.draft_vocab_ids))
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        seqs = [f["prompt_ids"] + f["response_ids"] for f in features]
+        seq_len = max(len(s) for s in seqs)
+        b = len(seqs)
+        input_ids = torch.full((b, seq_len), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros(b, seq_len, dtype=torch.long)
+        anchors = torch.zeros(b, self.num_anchors, dtype=torch.long)
+        labels = torch.full((b, self.num_anchors, self.num_draft), -100, dtype=torch.long)
+        for row, (feature, seq) in enumerate(zip(features, seqs)):
+            input_ids[row, : len(seq)] = torch.tensor(seq)
+            attention_mask[row, : len(seq)] = 1
+            start, stop = len(feature["prompt_ids"]), len(seq) - 1  # anchors in [start, stop)
+            generator = torch.Generator().manual_seed(hash((self.seed, feature["index"], feature["epoch"])) % 2**62)
+            chosen = start + torch.randperm(stop - start, generator=generator)[: self.num_anchors]
+            chosen = chosen.sort().values
+            anchors[row, : len(chosen)] = chosen
+            seq_t = torch.tensor(seq)
+            for k, anchor in enumerate(chosen.tolist()):
+                targets = seq_t[anchor + 1 : anchor + 1 + self.num_draft]
+                labels[row, k, : len(targets)] = targets if self.vocab_map is None else self.vocab_map[targets]
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "anchors": anchors, "labels": labels}
+        if "features" in features[0]:
+            width = features[0]["features"].shape[-1]
+            context = torch.zeros(b, seq_len, width, dtype=features[0]["features"].dtype)
+            for row, feature in enumerate(features):
+                context[row, : feature["features"].shape[0]] = feature["features"]
+            batch["context_hidden"] = context
+        return batch

@@ -1,0 +1,139 @@
+"""The Domino training objective: DFlash block drafting + teacher-forced Domino head, base-anchored curriculum.
+
+Shapes: b = sequences, L = sequence length, A = anchors per sequence, B = block size, n = draft tokens per
+block, H = hidden size, V' = draft vocabulary.
+
+For an anchor at position a, its block is `[x_a, MASK, …]` at positions a … a+B-1; it sees the target's
+context features of positions < a and the other slots of its own block, never another block. Draft token j
+(j = 0 … n-1) predicts x_{a+1+j}; the GRU has read the ground-truth [x_a … x_{a+j}] (teacher forcing).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def position_weights(num_draft: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(-k/γ) for draft positions k = 0 … n-1 (γ = 7 for 16 drafts, 5 for 10, 4 for 8, as published;
+    other sizes interpolate: γ ≈ n / 2.3 … ). Normalisation happens in the loss over valid labels."""
+    if gamma is None:
+        gamma = {16: 7.0, 10: 5.0, 8: 4.0}.get(num_draft, max(1.0, num_draft * 0.45))
+    return torch.exp(-torch.arange(num_draft, dtype=torch.float32) / gamma)
+
+
+def curriculum_lambda(step: int, total_steps: int) -> float:
+    """Base-anchored curriculum: λ goes linearly from 1 (base loss only) to 0 (final loss only) over the run."""
+    if total_steps <= 1:
+        return 0.0
+    return max(0.0, 1.0 - step / (total_steps - 1))
+
+
+def block_attention_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """(b, A) anchor positions -> boolean (b, 1, A·B, L + A·B) mask, True = may attend.
+
+    A query of block i sees context positions < anchors[i] and the B slots of block i (both directions)."""
+    b, num_anchors = anchors.shape
+    device = anchors.device
+    context = torch.arange(seq_len, device=device)[None, None, :] < anchors[:, :, None]  # (b, A, L)
+    context = context.repeat_interleave(block_size, dim=1)  # (b, A·B, L)
+    block_id = torch.arange(num_anchors * block_size, device=device) // block_size
+    same_block = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)  # (b, A·B, A·B)
+    return torch.cat([context, same_block], dim=-1)[:, None]
+
+
+class DominoObjective(nn.Module):
+    """Wraps the draft so that one `forward` returns the loss (what DDP/FSDP wrap and what Trainer saves).
+
+    The frozen target's pieces arrive as inputs (context hidden states, embeddings, the LM-head rows of the
+    draft vocabulary), so no target weight is ever part of this module or of its checkpoints.
+    """
+
+    def __init__(self, draft, gamma: float | None = None):
+        super().__init__()
+        self.draft = draft
+        self.register_buffer("weights", position_weights(draft.config.num_draft_tokens, gamma), persistent=False)
+
+    def forward(
+        self,
+        context_hidden: torch.Tensor,
+        block_embeds: torch.Tensor,
+        label_embeds: torch.Tensor | None,
+        anchors: torch.Tensor,
+        labels: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        curriculum: float,
+        softcap: float | None = None,
+    ) -> dict[str, torch.Tensor]:
+        r"""
+        Args:
+            context_hidden: (b, L, n_layers·H) target hidden states of `target_layer_ids`.
+            block_embeds: (b, A·B, H) target embeddings of every block `[x_a, MASK…]`.
+            label_embeds: (b, A, n, H) target embeddings of [x_a … x_{a+n-1}] for the GRU, or None (no head).
+            anchors: (b, A) anchor positions.
+            labels: (b, A, n) draft-vocabulary indices of x_{a+1+j}; -100 = no label (past the end, padding,
+                unused anchor); -1 = a real token outside the sub-vocabulary (a miss, no loss).
+            lm_head_weight: (V', H) the target's LM-head rows of the draft vocabulary.
+            curriculum: λ in (1-λ)·L_final + λ·L_base.
+        """
+        config = self.draft.config
+        b, seq_len, _ = context_hidden.shape
+        num_anchors = anchors.shape[1]
+        block, n = config.block_size, config.num_draft_tokens
+        offset = 0 if config.shift_label else 1
+        positions = (anchors[:, :, None] + torch.arange(block, device=anchors.device)).reshape(b, -1)
+        hidden = self.draft(
+            block_embeds=block_embeds,
+            block_position_ids=positions,
+            target_hidden_states=context_hidden,
+            context_position_ids=torch.arange(seq_len, device=anchors.device)[None].expand(b, -1),
+            attention_mask=block_attention_mask(anchors, seq_len, block),
+        ).last_hidden_state  # (b, A·B, H)
+        slots = hidden.view(b, num_anchors, block, -1)[:, :, offset : offset + n]  # (b, A, n, H)
+        base_logits = F.linear(slots, lm_head_weight.to(slots.dtype)).float()  # (b, A, n, V')
+        if softcap:
+            base_logits = torch.tanh(base_logits / softcap) * softcap
+        final_logits = base_logits
+        if self.draft.has_domino_head and label_embeds is not None:
+            states = self.draft.causal_states(label_embeds.reshape(b * num_anchors, n, -1))  # (b·A, n, Hg)
+            correction = self.draft.correction(slots, states.view(b, num_anchors, n, -1)).float()
+            prefix = config.pure_draft_prefix_len
+            keep = (torch.arange(n, device=slots.device) >= prefix).to(correction.dtype)[:, None]
+            final_logits = base_logits + correction * keep
+
+        trainable = labels >= 0  # (b, A, n)
+        weight = self.weights.to(slots.device)[None, None, :] * trainable
+        denom = weight.sum().clamp_min(1e-6)
+        safe = labels.clamp_min(0)
+
+        def weighted_ce(logits):
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), safe.reshape(-1), reduction="none")
+            return (ce.view_as(weight) * weight).sum() / denom
+
+        base_loss = weighted_ce(base_logits)
+        final_loss = weighted_ce(final_logits) if final_logits is not base_logits else base_loss
+        loss = (1.0 - curriculum) * final_loss + curriculum * base_loss
+
+        with torch.no_grad():
+            present = labels != -100
+            base_hit = (base_logits.argmax(-1) == labels) & present
+            final_hit = (final_logits.argmax(-1) == labels) & present
+            # Simulated acceptance: leading run of correct drafts per block (+1 bonus token).
+            run = torch.cumprod(final_hit.long(), dim=-1).sum(-1).float()  # (b, A)
+            used = present[..., 0]
+            metrics = {
+                "base_acc": base_hit.sum() / present.sum().clamp_min(1),
+                "final_acc": final_hit.sum() / present.sum().clamp_min(1),
+                "base_acc_slot0": base_hit[..., 0].sum() / used.sum().clamp_min(1),
+                "sim_tau": (run * used).sum() / used.sum().clamp_min(1) + 1.0,
+                "blocks": used.sum().float(),
+            }
+        return {"loss": loss, "base_loss": base_loss.detach(), "final_loss": final_loss.detach(), **metrics}
+
+
+def check_finite(value: float, name: str) -> None:
+    if not math.isfinite(value):
+        raise FloatingPointError(f"{name} became {value}: lower the learning rate or check the data.")

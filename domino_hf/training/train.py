@@ -1,0 +1,236 @@
+"""`domino train`: from a target and regenerated data to a trained Domino draft.
+
+Runs unchanged as one CPU process (`domino train …`) or N processes (`accelerate launch -m domino_hf.train …`,
+`torchrun --nproc_per_node N -m domino_hf.train …`): `Trainer` picks up the distributed environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+from transformers import TrainingArguments
+
+from ..modeling import DominoConfig, DominoDraftModel
+from .dataset import AnchorCollator, RegenDataset, build_draft_vocab
+from .objective import DominoObjective
+from .trainer import DominoTrainer, EpochCallback, last_complete_checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainSettings:
+    """The recipe (REFERENCE: AdamW lr 6e-4, wd 0, clip 1.0, cosine, 4% warmup, λ 1→0 over the run)."""
+
+    output_dir: str
+    epochs: float = 3.0
+    max_steps: int = -1
+    batch_size: int = 4
+    grad_accum: int = 1
+    learning_rate: float = 6e-4
+    warmup_ratio: float = 0.04
+    num_anchors: int = 32
+    gamma: float | None = None
+    curriculum: bool = True
+    logging_steps: int = 10
+    save_steps: int = 200
+    save_total_limit: int = 2
+    seed: int = 0
+    report_to: str = "none"
+    resume: bool = False
+    bf16: bool | None = None  # None: on when a GPU supports it
+
+
+def init_from_target_layers(draft: DominoDraftModel, target) -> int:
+    """Copy the target's last decoder layers into the draft layers where shapes match; returns tensors copied."""
+    target_layers = target.base_model.layers
+    copied = 0
+    for draft_layer, source in zip(draft.layers, target_layers[-len(draft.layers) :]):
+        source_state = source.state_dict()
+        for name, tensor in draft_layer.state_dict().items():
+            if name in source_state and source_state[name].shape == tensor.shape:
+                tensor.copy_(source_state[name])
+                copied += 1
+    return copied
+
+
+def build_draft(target, tokenizer, config_path=None, init="random", **overrides) -> DominoDraftModel:
+    """A fresh draft for `target`: from a config JSON (e.g. `hub_configs/…json`) or derived from the target."""
+    if config_path:
+        with open(config_path, encoding="utf-8") as handle:
+            fields = json.load(handle)
+        fields.update({k: v for k, v in overrides.items() if v is not None})
+        config = DominoConfig(**fields)
+        config.target_name_or_path = config.target_name_or_path or target.config._name_or_path
+    else:
+        config = DominoConfig.for_target(target.config, tokenizer, **{k: v for k, v in overrides.items() if v is not None})
+    torch.manual_seed(0)
+    draft = DominoDraftModel(config)
+    if init == "target-layers":
+        logger.info("Initialised %d draft tensors from the target's last layers", init_from_target_layers(draft, target))
+    return draft
+
+
+def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings: TrainSettings, tau_probe=None):
+    """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
+    on_gpu = torch.cuda.is_available()
+    bf16 = settings.bf16 if settings.bf16 is not None else (on_gpu and torch.cuda.is_bf16_supported())
+    args = TrainingArguments(
+        output_dir=settings.output_dir,
+        num_train_epochs=settings.epochs,
+        max_steps=settings.max_steps,
+        per_device_train_batch_size=settings.batch_size,
+        gradient_accumulation_steps=settings.grad_accum,
+        learning_rate=settings.learning_rate,
+        weight_decay=0.0,
+        max_grad_norm=1.0,
+        lr_scheduler_type="cosine",
+        warmup_steps=settings.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
+        logging_steps=settings.logging_steps,
+        save_steps=settings.save_steps,
+        save_total_limit=settings.save_total_limit,
+        seed=settings.seed,
+        data_seed=settings.seed,
+        report_to=settings.report_to,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        bf16=bf16,
+        use_cpu=not on_gpu,
+        ddp_find_unused_parameters=False,  # the head always takes part in the loss (weight 0 while λ = 1)
+        ddp_backend="gloo" if not on_gpu and int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
+        disable_tqdm=False,
+    )
+    trainer = DominoTrainer(
+        model=DominoObjective(draft, gamma=settings.gamma),
+        args=args,
+        train_dataset=dataset,
+        data_collator=AnchorCollator(draft.config, settings.num_anchors, seed=settings.seed),
+        target=target,
+        use_curriculum=settings.curriculum,
+        tau_probe=tau_probe,
+        callbacks=[EpochCallback(dataset)],
+    )
+    resume = last_complete_checkpoint(settings.output_dir) if settings.resume else None
+    if resume:
+        logger.info("Resuming from %s", resume)
+    trainer.train(resume_from_checkpoint=resume)
+    final = os.path.join(settings.output_dir, "final")
+    if trainer.args.should_save:
+        draft.save_pretrained(final)
+        with open(os.path.join(final, "training_summary.json"), "w", encoding="utf-8") as handle:
+            json.dump({"log_history": trainer.state.log_history, "examples": len(dataset), "skipped": dataset.skipped,
+                       "response_tokens": dataset.num_response_tokens(), "settings": settings.__dict__}, handle, indent=1)
+    return trainer
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "train",
+        help="Train a Domino draft for a target on regenerated data.",
+        description="Train a Domino draft (DFlash backbone + Domino head) with teacher forcing and the "
+        "base-anchored curriculum. Single process here; `accelerate launch -m domino_hf.train …` for many GPUs.",
+    )
+    add_train_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    data = parser.add_argument_group("data")
+    data.add_argument("--target", default="smollm2", help="Target model: local folder, Hub id, or `smollm2` (offline).")
+    data.add_argument("--data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
+    data.add_argument("--max-length", type=int, default=3072, help="Truncate prompt+response to this many tokens.")
+    data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
+    data.add_argument("--features", default=None, help="Context features cached by `domino features` (no target forward while training).")
+    draft = parser.add_argument_group("draft architecture")
+    draft.add_argument("--config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else derived from the target.")
+    draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
+    draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
+    draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
+    draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
+    draft.add_argument("--init", choices=["random", "target-layers"], default="random", help="Draft layer initialisation (random measured better, see README).")
+    recipe = parser.add_argument_group("recipe")
+    recipe.add_argument("--out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
+    recipe.add_argument("--epochs", type=float, default=3.0, help="Passes over the data (paper: 3–6).")
+    recipe.add_argument("--max-steps", type=int, default=-1, help="Stop after N optimizer steps (overrides --epochs).")
+    recipe.add_argument("--batch-size", type=int, default=4, help="Sequences per device per step.")
+    recipe.add_argument("--grad-accum", type=int, default=1, help="Gradient accumulation steps (global batch = devices × batch × accum).")
+    recipe.add_argument("--lr", type=float, default=6e-4, help="Peak AdamW learning rate (cosine schedule, 4%% warmup).")
+    recipe.add_argument("--num-anchors", type=int, default=32, help="Random anchors (blocks) per sequence, inside the response.")
+    recipe.add_argument("--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).")
+    recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
+    recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
+    run_group = parser.add_argument_group("run")
+    run_group.add_argument("--resume", action="store_true", help="Continue from the newest complete checkpoint in --out.")
+    run_group.add_argument("--save-steps", type=int, default=200, help="Checkpoint every N steps (atomic; resumable).")
+    run_group.add_argument("--logging-steps", type=int, default=10, help="Log losses/accuracies/throughput every N steps.")
+    run_group.add_argument("--report-to", default="none", help="Trainer integrations: none, tensorboard, wandb, …")
+    run_group.add_argument("--probe-prompts", default=None, help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.")
+    run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
+    run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
+
+
+def run(args) -> int:
+    from ..targets import load_target
+
+    target, tokenizer = load_target(args.target)
+    dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=target.config.get_text_config().vocab_size, limit=args.limit)
+    overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
+    if args.no_head:
+        overrides["use_domino_head"] = False
+    if args.draft_vocab_size:
+        eos = target.generation_config.eos_token_id
+        always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
+        ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
+        logger.info("Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage)
+        overrides["draft_vocab_ids"] = ids
+    draft = build_draft(target, tokenizer, args.config, init=args.init, **overrides)
+    if args.features:
+        from .features import FeatureStore
+
+        dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids))
+    probe = make_tau_probe(target, tokenizer, args.probe_prompts, args.probe_num, args.probe_max_new_tokens) if args.probe_prompts else None
+    settings = TrainSettings(
+        output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
+        grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
+        curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
+        seed=args.seed, report_to=args.report_to, resume=args.resume,
+    )
+    train_draft(target, draft, dataset, settings, tau_probe=probe)
+    logger.info("Final draft written to %s", os.path.join(args.out, "final"))
+    return 0
+
+
+def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens):
+    """A callable draft -> τ measured by real greedy decoding with the target on held-back prompts."""
+    from ..data import chat_input_ids, read_prompts
+
+    prompts = [torch.tensor([chat_input_ids(tokenizer, r.turns[:1])]) for r in read_prompts(source, limit=num_prompts).records]
+
+    @torch.no_grad()
+    def probe(draft) -> float:
+        was_training = draft.training
+        draft.eval()
+        accepted = steps = 0
+        for input_ids in prompts:
+            target.generate(input_ids.to(target.device), assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
+            stats = draft.last_generation_stats
+            accepted += sum(stats.accepted)
+            steps += stats.num_steps
+        draft.train(was_training)
+        return round((accepted + steps) / max(steps, 1), 4)
+
+    return probe
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", description="Train a Domino draft (see `domino train --help`).")
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return run(args)

@@ -1,0 +1,144 @@
+"""`DominoTrainer`: transformers' `Trainer` with the Domino objective.
+
+Why `Trainer`: it already brings `accelerate` (1 CPU process → multi-GPU DDP/FSDP/DeepSpeed), gradient
+accumulation, checkpoint/resume with RNG and data position, and logging integrations (TensorBoard, W&B).
+We add: the frozen target (kept outside the trained module, never saved), the curriculum λ, Domino metrics,
+checkpoints that are loadable drafts, a completion marker so a checkpoint killed mid-write is never resumed,
+and an optional real-decoding τ probe on held-back prompts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import Trainer, TrainerCallback
+
+from ..modeling import DominoTargetHead
+from .objective import DominoObjective, curriculum_lambda
+
+logger = logging.getLogger(__name__)
+
+COMPLETE_MARKER = ".domino-complete"
+
+
+def last_complete_checkpoint(output_dir) -> str | None:
+    """Newest `checkpoint-N` whose save finished (marker written after everything else)."""
+    root = Path(output_dir)
+    if not root.is_dir():
+        return None
+    done = [p for p in root.glob("checkpoint-*") if (p / COMPLETE_MARKER).exists() and p.name.split("-")[-1].isdigit()]
+    for partial in set(root.glob("checkpoint-*")) - set(done):
+        logger.warning("Removing incomplete checkpoint %s (the run was killed while saving it)", partial)
+        shutil.rmtree(partial, ignore_errors=True)
+    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
+
+
+class EpochCallback(TrainerCallback):
+    """Tells the dataset the epoch, so anchors are fresh each epoch yet reproducible on resume."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        self.dataset.epoch = int(state.epoch or 0)
+
+
+class DominoTrainer(Trainer):
+    """Trains `DominoObjective(draft)`; `target` is frozen and used for context features and embeddings."""
+
+    def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.target = target.to(self.args.device).eval().requires_grad_(False)
+        draft = self.model.draft
+        self.target_head = DominoTargetHead(self.target, draft.config, device=self.args.device)
+        self.layer_ids = [i + 1 for i in draft.config.target_layer_ids]
+        self.use_curriculum = use_curriculum
+        self.tau_probe = tau_probe
+        self._metric_sums: dict[str, float] = {}
+        self._metric_count = 0
+        self._tokens = 0
+        self._window_start = time.perf_counter()
+
+    @torch.no_grad()
+    def _target_inputs(self, inputs):
+        """Context hidden states and the embeddings the draft reads, all from the frozen target."""
+        input_ids, anchors = inputs["input_ids"], inputs["anchors"]
+        config = self.model.draft.config if hasattr(self.model, "draft") else self.model.module.draft.config
+        if "context_hidden" in inputs:  # cached by `domino features`
+            context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
+        else:
+            out = self.target.base_model(
+                input_ids=input_ids, attention_mask=inputs["attention_mask"], output_hidden_states=self.layer_ids
+            )
+            context_hidden = torch.cat([out.hidden_states[i] for i in self.layer_ids], dim=-1)  # (b, L, n·H)
+        b, num_anchors = anchors.shape
+        anchor_ids = input_ids.gather(1, anchors)  # (b, A)
+        block_ids = torch.full((b, num_anchors, config.block_size), config.mask_token_id, device=input_ids.device)
+        block_ids[:, :, 0] = anchor_ids
+        block_embeds = self.target_head.embed(block_ids).reshape(b, num_anchors * config.block_size, -1)
+        label_embeds = None
+        if config.use_domino_head:
+            steps = torch.arange(config.num_draft_tokens, device=input_ids.device)
+            realised = (anchors[:, :, None] + steps).clamp_max(input_ids.shape[1] - 1)  # [x_a … x_{a+n-1}]
+            label_embeds = self.target_head.embed(input_ids.gather(1, realised.reshape(b, -1))).reshape(
+                b, num_anchors, config.num_draft_tokens, -1
+            )
+        return context_hidden, block_embeds, label_embeds
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        context_hidden, block_embeds, label_embeds = self._target_inputs(inputs)
+        lam = curriculum_lambda(self.state.global_step, self.state.max_steps) if self.use_curriculum else 0.0
+        out = model(
+            context_hidden=context_hidden,
+            block_embeds=block_embeds,
+            label_embeds=label_embeds,
+            anchors=inputs["anchors"],
+            labels=inputs["labels"],
+            lm_head_weight=self.target_head.weight,
+            curriculum=lam,
+            softcap=self.target_head.softcap,
+        )
+        for key in ("base_loss", "final_loss", "base_acc", "final_acc", "base_acc_slot0", "sim_tau", "blocks"):
+            self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(out[key])
+        self._metric_sums["lambda"] = self._metric_sums.get("lambda", 0.0) + lam
+        self._metric_count += 1
+        self._tokens += int(inputs["attention_mask"].sum())
+        return (out["loss"], out) if return_outputs else out["loss"]
+
+    def log(self, logs, start_time=None):
+        if self._metric_count and "loss" in logs:
+            elapsed = max(time.perf_counter() - self._window_start, 1e-9)
+            for key, total in self._metric_sums.items():
+                logs[key] = round(total / self._metric_count, 4) if key != "blocks" else None
+            logs["blocks_per_s"] = round(self._metric_sums["blocks"] / elapsed, 2)
+            logs["tokens_per_s"] = round(self._tokens / elapsed, 1)
+            logs = {k: v for k, v in logs.items() if v is not None}
+            self._metric_sums, self._metric_count, self._tokens = {}, 0, 0
+            self._window_start = time.perf_counter()
+        super().log(logs, start_time)
+
+    # ------------------------------------------------------------------ checkpoints = loadable drafts
+    def _save(self, output_dir=None, state_dict=None):
+        output_dir = output_dir or self.args.output_dir
+        os.makedirs(output_dir, exist_ok=True)
+        self.accelerator.unwrap_model(self.model).draft.save_pretrained(output_dir)
+        torch.save(self.args, os.path.join(output_dir, "training_args.bin"))
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
+        draft = self.accelerator.unwrap_model(model or self.model).draft
+        state = load_file(os.path.join(resume_from_checkpoint, "model.safetensors"))
+        draft.load_state_dict(state, strict=True)
+
+    def _save_checkpoint(self, model, trial):
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save:
+            checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
+            (checkpoint / COMPLETE_MARKER).write_text(str(self.state.global_step))
+            if self.tau_probe is not None:
+                self.log({"probe_tau": self.tau_probe(self.accelerator.unwrap_model(self.model).draft)})
