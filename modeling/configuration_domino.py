@@ -90,9 +90,7 @@ class DominoConfig(PretrainedConfig):
             pure_draft_prefix_len = dflash_config.get("pure_draft_prefix_len", pure_draft_prefix_len)
             gru_hidden_dim = dflash_config.get("gru_hidden_dim", gru_hidden_dim)
             emb_dim = dflash_config.get("emb_dim", emb_dim)
-            kwargs.pop("architectures", None)
-            kwargs.pop("auto_map", None)
-            kwargs.pop("model_type", None)
+            kwargs.pop("model_type", None)  # "qwen3" in the official files; this class is the draft
         if emb_dim is not None:
             correction_rank = emb_dim
 

@@ -1,0 +1,207 @@
+"""Training pipeline: objective, masks, schedule, resume, multi-process equivalence, export."""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import TrainerCallback
+
+from domino_hf.training.dataset import AnchorCollator, RegenDataset, build_draft_vocab
+from domino_hf.training.export import export_draft
+from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
+from domino_hf.training.trainer import COMPLETE_MARKER, last_complete_checkpoint
+from domino_hf.training.train import TrainSettings, build_draft, train_draft
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _train_worker import tiny_target  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def target():
+    return tiny_target()
+
+
+def write_regen(path, target, count=16, prompt_len=5, new_tokens=20, seed=0, equal=False):
+    """The target's own greedy answers, as `domino regen` writes them (a learnable task for the draft)."""
+    generator = torch.Generator().manual_seed(seed)
+    with open(path, "w") as handle:
+        for i in range(count):
+            length = prompt_len if equal else prompt_len + i % 3
+            prompt = torch.randint(0, 32, (1, length), generator=generator)
+            out = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
+            handle.write(json.dumps({"id": str(i), "prompt_ids": prompt[0].tolist(), "response_ids": out[0, length:].tolist()}) + "\n")
+    return path
+
+
+def test_position_weights_and_lambda_are_exact():
+    assert torch.allclose(position_weights(16), torch.exp(-torch.arange(16.0) / 7))
+    assert torch.allclose(position_weights(8), torch.exp(-torch.arange(8.0) / 4))
+    assert torch.allclose(position_weights(10), torch.exp(-torch.arange(10.0) / 5))
+    assert curriculum_lambda(0, 101) == 1.0
+    assert curriculum_lambda(50, 101) == pytest.approx(0.5)
+    assert curriculum_lambda(100, 101) == 0.0
+
+
+def test_block_mask_context_strictly_before_anchor_and_blocks_independent():
+    anchors = torch.tensor([[3, 6]])
+    mask = block_attention_mask(anchors, seq_len=9, block_size=2)[0, 0]  # (A·B, L + A·B)
+    context, blocks = mask[:, :9], mask[:, 9:]
+    assert context[0].tolist() == [True] * 3 + [False] * 6 and context[1].equal(context[0])
+    assert context[2].tolist() == [True] * 6 + [False] * 3
+    assert blocks.tolist() == [[True, True, False, False]] * 2 + [[False, False, True, True]] * 2
+
+
+def test_anchors_never_fall_on_prompt_tokens_and_labels_follow(target, tmp_path):
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=4))
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4)
+    batch = AnchorCollator(draft.config, num_anchors=50)([dataset[i] for i in range(4)])
+    for row in range(4):
+        prompt_len = len(dataset.examples[row].prompt_ids)
+        seq = dataset.examples[row].prompt_ids + dataset.examples[row].response_ids
+        used = batch["labels"][row, :, 0] != -100
+        anchors = batch["anchors"][row][used]
+        assert anchors.min() >= prompt_len and anchors.max() <= len(seq) - 2
+        assert len(set(anchors.tolist())) == len(anchors) == len(seq) - 1 - prompt_len
+        for k, anchor in enumerate(anchors.tolist()):
+            expected = seq[anchor + 1 : anchor + 5]
+            assert batch["labels"][row, k, : len(expected)].tolist() == expected
+
+
+def test_malformed_lines_are_skipped_and_counted(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"prompt_ids": [1, 2], "response_ids": [3, 4, 5]}\nnot json\n{"prompt_ids": [1]}\n'
+                    '{"prompt_ids": [1, 2], "response_ids": [3, -4]}\n\n{"prompt_ids": [7], "response_ids": [9, 99]}\n')
+    dataset = RegenDataset.from_jsonl(path, vocab_size=32)
+    assert len(dataset) == 1 and dataset.skipped == 4
+
+
+def test_draft_vocab_keeps_eos_and_reports_coverage(target, tmp_path):
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=6))
+    ids, coverage = build_draft_vocab(dataset, 4, always=(31,))
+    assert ids == sorted(ids) and 31 in ids and len(ids) == 4 and 0 < coverage <= 1
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_loss_falls_and_draft_stays_lossless(target, tmp_path, head):
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=16))
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8,
+                        use_domino_head=head)
+    settings = TrainSettings(output_dir=str(tmp_path / "run"), max_steps=60, batch_size=4, num_anchors=8,
+                             learning_rate=3e-3, logging_steps=10, save_steps=1000)
+    trainer = train_draft(target, draft, dataset, settings)
+    logs = [h for h in trainer.state.log_history if "final_loss" in h]
+    assert logs[-1]["final_loss"] < logs[0]["final_loss"] - 0.3
+    assert logs[-1]["base_acc"] > logs[0]["base_acc"]
+    assert logs[0]["lambda"] > 0.8 and logs[-1]["lambda"] < 0.2
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+    draft.eval()
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    expected = target.generate(prompt, max_new_tokens=20, do_sample=False)
+    assert target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=draft).equal(expected)
+    assert draft.last_generation_stats.tau > 1.0
+
+
+class StopAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= self.step:
+            control.should_training_stop = True
+
+
+def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeypatch):
+    data = write_regen(tmp_path / "d.jsonl", target, count=12)
+
+    def run(out, stop_at=None, resume=False):
+        dataset = RegenDataset.from_jsonl(data)
+        draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
+        settings = TrainSettings(output_dir=str(out), max_steps=10, batch_size=4, num_anchors=8,
+                                 learning_rate=3e-3, save_steps=4, logging_steps=5, resume=resume)
+        if stop_at:  # simulate the kill: stop right after the step-4 checkpoint
+            from domino_hf.training import train as train_module
+
+            original = train_module.DominoTrainer
+
+            class Killed(original):
+                def __init__(self, *a, **k):
+                    super().__init__(*a, **k)
+                    self.add_callback(StopAt(stop_at))
+
+            monkeypatch.setattr(train_module, "DominoTrainer", Killed)
+        train_draft(target, draft, dataset, settings)
+        monkeypatch.undo()
+        return draft
+
+    straight = run(tmp_path / "a")
+    run(tmp_path / "b", stop_at=4)
+    shutil.rmtree(tmp_path / "b" / "final")
+    assert last_complete_checkpoint(tmp_path / "b").endswith("checkpoint-4")
+    partial = tmp_path / "b" / "checkpoint-6"
+    partial.mkdir()  # a checkpoint killed mid-write: no completion marker
+    resumed = run(tmp_path / "b", resume=True)
+    assert not partial.exists()
+    for (name, a), (_, b) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_two_processes_train_the_same_model_as_one(target, tmp_path):
+    data = write_regen(tmp_path / "d.jsonl", target, count=8, equal=True)
+    worker = str(REPO / "tests" / "_train_worker.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    subprocess.run([sys.executable, worker, str(data), str(tmp_path / "one"), "4", "4"], check=True, env=env,
+                   capture_output=True)
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"]
+    result = subprocess.run([*torchrun, worker, str(data), str(tmp_path / "two"), "2", "4"], env=env,
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    one = load_file(tmp_path / "one" / "final" / "model.safetensors")
+    two = load_file(tmp_path / "two" / "final" / "model.safetensors")
+    initial = build_draft(tiny_target(), None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8).state_dict()
+    for name in one:
+        assert not torch.equal(one[name], initial[name]) or "norm" in name, f"{name} did not train"
+        assert torch.allclose(one[name], two[name], atol=1e-5), name
+
+
+def test_export_loads_in_a_clean_process_and_generates_losslessly(target, tmp_path):
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=8))
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
+    train_draft(target, draft, dataset, TrainSettings(output_dir=str(tmp_path / "run"), max_steps=5, batch_size=4,
+                                                      num_anchors=8, save_steps=1000))
+    out = export_draft(tmp_path / "run", tmp_path / "export", dtype="float16", published_dialect=True)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["README.md", "config.json", "configuration_domino.py", "generation_domino.py",
+                     "model.safetensors", "modeling_domino.py"]
+    card = (out / "README.md").read_text()
+    assert "trust_remote_code=True" in card and "base_loss" not in card.split("## Training")[0]
+    assert json.loads((out / "config.json").read_text())["dflash_config"]["projector_type"] == "domino"
+    target.save_pretrained(tmp_path / "target")
+    script = f"""
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] == 'domino_hf': raise ImportError('domino_hf blocked')
+sys.meta_path.insert(0, Block())
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+target = AutoModelForCausalLM.from_pretrained({str(tmp_path / 'target')!r}).eval()
+draft = AutoModel.from_pretrained({str(out)!r}, trust_remote_code=True, dtype=torch.float32).eval()
+assert type(draft).__module__.startswith('transformers_modules'), type(draft).__module__
+prompt = torch.tensor([[3, 1, 4, 1, 5]])
+ref = target.generate(prompt, max_new_tokens=16, do_sample=False)
+out = target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=draft)
+assert out.equal(ref) and draft.last_generation_stats.num_steps > 0
+print('ok')
+"""
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
