@@ -124,6 +124,8 @@ def check_draft_fits_target(config, target) -> None:
     problems = []
     if text.hidden_size != config.target_hidden_size:
         problems.append(f"hidden size {config.target_hidden_size} != target's {text.hidden_size}")
+    elif text.hidden_size != config.hidden_size:  # the block reads the target's embeddings, H feeds its LM head
+        problems.append(f"draft hidden size {config.hidden_size} != target's {text.hidden_size}")
     if vocab != config.vocab_size:
         problems.append(f"vocabulary {config.vocab_size} != target's LM head {vocab}")
     if getattr(text, "num_hidden_layers", None) not in (None, config.num_target_layers):
@@ -157,8 +159,10 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.draft = draft
         self.config = draft.config
         self.head = DominoTargetHead(target, draft.config)
-        # Ask the target only for the hidden layers the draft reads (+1: index 0 is the embedding output).
-        self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in self.config.target_layer_ids]}
+        # Ask the target only for the hidden layers the draft reads (+1: index 0 is the embedding output), or for
+        # all of them when the caller collects hidden states (`return_dict_in_generate` splits every layer).
+        wanted = True if generation_config.output_hidden_states else [i + 1 for i in self.config.target_layer_ids]
+        self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.cache = DominoContextCache()
         self.max_length = generation_config.max_length
         self.do_sample = bool(generation_config.do_sample)

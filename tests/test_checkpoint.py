@@ -1,0 +1,164 @@
+"""Checkpoints: our Hub format (remote code, loadable where domino_hf is not installed) and the published
+Domino / z-lab DFlash dialect, each loading without missing or unexpected weights and generating losslessly."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import (
+    assert_drafted,
+    greedy_both,
+    make_tiny_draft,
+    make_tiny_target,
+    tiny_prompts,
+    write_published_checkpoint,
+)
+from safetensors.torch import load_file
+
+import domino_hf
+from domino_hf import DominoDraftModel
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+REMOTE_CODE = ("configuration_domino.py", "modeling_domino.py", "generation_domino.py")
+MODELING_DIR = Path(domino_hf.modeling.__file__).parent
+
+# Runs in a fresh interpreter (`python -I`, cwd outside the repo) where importing domino_hf fails.
+CHILD = r"""
+import importlib.abc, json, sys
+
+class BlockDominoHf(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "domino_hf" or name.startswith("domino_hf."):
+            raise ModuleNotFoundError(f"{name} is blocked in this test")
+
+sys.meta_path.insert(0, BlockDominoHf())
+import torch
+from transformers import AutoModel, AutoModelForCausalLM
+
+torch.set_num_threads(1)
+draft_dir, target_dir, prompt = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+target = AutoModelForCausalLM.from_pretrained(target_dir).eval()
+draft = AutoModel.from_pretrained(draft_dir, trust_remote_code=True).eval()
+ids = torch.tensor([prompt])
+reference = target.generate(ids, do_sample=False, max_new_tokens=20)
+output = target.generate(ids, do_sample=False, max_new_tokens=20, assistant_model=draft)
+stats = draft.last_generation_stats
+try:
+    import domino_hf  # noqa: F401
+    blocked = False
+except ImportError:
+    blocked = True
+print("RESULT " + json.dumps(dict(
+    reference=reference[0].tolist(), output=output[0].tolist(), module=type(draft).__module__,
+    drafted=sum(stats.drafted), accepted=sum(stats.accepted), blocked=blocked,
+    imported=sorted(m for m in sys.modules if m.startswith("domino_hf")),
+)))
+"""
+
+
+def test_save_pretrained_writes_a_hub_ready_folder(tmp_path):
+    target = make_tiny_target("qwen3")
+    draft = make_tiny_draft(target)
+    draft.save_pretrained(tmp_path)
+    assert {"config.json", "model.safetensors", *REMOTE_CODE} <= set(os.listdir(tmp_path))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["model_type"] == "domino_draft" and config["architectures"] == ["DominoDraftModel"]
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_domino.DominoConfig",
+        "AutoModel": "modeling_domino.DominoDraftModel",
+    }
+    for name in REMOTE_CODE:  # the very files the library runs
+        assert (tmp_path / name).read_bytes() == (MODELING_DIR / name).read_bytes()
+    saved = load_file(tmp_path / "model.safetensors")
+    assert not any("embed_tokens" in k or "lm_head" in k for k in saved)  # the draft owns neither
+
+    loaded, info = DominoDraftModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    assert_drafted(greedy_both(target, loaded.eval(), tiny_prompts(1)[0], max_new_tokens=20)[1])
+
+
+def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
+    """`AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python that cannot import domino_hf."""
+    target, draft, prompts = fitted_pair("qwen3")
+    draft.save_pretrained(tmp_path / "draft")
+    target.save_pretrained(tmp_path / "target")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    prompt = prompts[0][0].tolist()
+    run = subprocess.run(
+        [sys.executable, "-I", "-c", CHILD, str(tmp_path / "draft"), str(tmp_path / "target"), json.dumps(prompt)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
+    assert result["blocked"] and not result["imported"]
+    assert result["module"].startswith("transformers_modules.")
+    assert result["output"] == result["reference"]
+    assert result["reference"] == target.generate(prompts[0], do_sample=False, max_new_tokens=20)[0].tolist()
+    assert result["drafted"] > 0 and result["accepted"] > 0
+
+
+def test_remote_code_draft_next_to_domino_hf(tmp_path):
+    """The remote-code copy loaded in a process that also imported domino_hf: both install the dispatch (the
+    first wins) and either serves the other's drafts."""
+    from transformers import AutoModel
+
+    target = make_tiny_target("llama")
+    make_tiny_draft(target).save_pretrained(tmp_path)
+    draft = AutoModel.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    assert type(draft) is not DominoDraftModel and type(draft).__module__.startswith("transformers_modules.")
+    assert_drafted(greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=20)[1])
+
+
+@pytest.mark.parametrize("projector_type", ["domino", "causal_v5"])
+def test_published_domino_dialect(tmp_path, projector_type):
+    target = make_tiny_target("qwen3")
+    draft = make_tiny_draft(target, target_layer_ids=[1, 3, 4])
+    write_published_checkpoint(tmp_path, draft, projector_type=projector_type)
+    names = set(load_file(tmp_path / "model.safetensors"))
+    assert {"fc.weight", "hidden_norm.weight", "norm.weight", "layers.0.self_attn.q_proj.weight"} <= names
+    assert {"prefix_gru.weight_ih_l0", "prefix_gru.weight_hh_l0", "embed_proj.0.weight", "embed_proj.2.weight"} <= names
+
+    loaded, info = DominoDraftModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    config = loaded.config
+    assert config.model_type == "domino_draft" and config.use_domino_head and config.shift_label
+    assert config.target_layer_ids == [1, 3, 4] and config.mask_token_id == draft.config.mask_token_id
+    assert (config.gru_hidden_dim, config.correction_rank, config.block_size) == (32, 16, 4)
+    assert loaded.dtype == torch.bfloat16  # the checkpoint's torch_dtype: a bf16 draft drafting for an fp32 target
+    for name, tensor in draft.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor.to(torch.bfloat16)), name
+    for ids in tiny_prompts(2):
+        _, stats = greedy_both(target, loaded.eval(), ids, max_new_tokens=20)
+        assert_drafted(stats)
+        assert max(stats.drafted) == 4  # shift_label: every slot drafts
+
+
+def test_published_dflash_dialect(tmp_path):
+    """z-lab DFlash checkpoints: no head weights, slot 0 is the anchor (shift_label false)."""
+    target = make_tiny_target("qwen3")
+    draft = make_tiny_draft(target, use_domino_head=False, shift_label=False)
+    write_published_checkpoint(tmp_path, draft, projector_type=None, dtype="float32")
+    assert not any(k.startswith(("prefix_gru", "embed_proj")) for k in load_file(tmp_path / "model.safetensors"))
+
+    loaded, info = DominoDraftModel.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert not loaded.config.use_domino_head and not loaded.config.shift_label and not loaded.has_domino_head
+    assert loaded.config.num_draft_tokens == 3
+    for ids in tiny_prompts(2):
+        _, stats = greedy_both(target, loaded.eval(), ids, max_new_tokens=20)
+        assert_drafted(stats)
+        assert max(stats.drafted) == 3

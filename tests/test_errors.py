@@ -1,0 +1,128 @@
+"""Misuse raises errors that name the fix; everything that is not a Domino draft stays stock transformers."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import (
+    assert_drafted,
+    greedy_both,
+    make_tiny_draft,
+    make_tiny_target,
+    tiny_prompts,
+    write_published_checkpoint,
+)
+from transformers import AutoModel
+from transformers.generation.candidate_generator import AssistedCandidateGenerator, PromptLookupCandidateGenerator
+from transformers.generation.utils import GenerationMixin
+
+from domino_hf import DominoCandidateGenerator, install_generate_hook
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+FIT_FIX = "Load the Domino draft trained for this target"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    target = make_tiny_target("llama")
+    return target, make_tiny_draft(target), tiny_prompts(1)[0]
+
+
+def test_batch_size_above_one(pair):
+    target, draft, ids = pair
+    with pytest.raises(ValueError, match="supports batch size 1.*Call generate once per prompt"):
+        target.generate(ids.repeat(2, 1), assistant_model=draft, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("cache", ["static", "sliding_window", "offloaded_static"])
+def test_static_cache(pair, cache):
+    target, draft, ids = pair
+    with pytest.raises(ValueError, match="needs a dynamic cache.*drop `cache_implementation`"):
+        target.generate(ids, assistant_model=draft, max_new_tokens=4, cache_implementation=cache)
+
+
+@pytest.mark.parametrize(
+    "target_overrides, draft_overrides, message",
+    [
+        (dict(hidden_size=64), {}, "hidden size 32 != target's 64"),
+        ({}, dict(hidden_size=64), "draft hidden size 64 != target's 32"),
+        (dict(vocab_size=32), {}, "vocabulary 16 != target's LM head 32"),
+        (dict(num_hidden_layers=8), {}, "built for 6 target layers, target has 8"),
+        ({}, dict(target_layer_ids=[1, 6]), r"target_layer_ids \[1, 6\] exceed the target's layers"),
+        ({}, dict(mask_token_id=16), "mask_token_id 16 outside the target vocabulary"),
+    ],
+    ids=["hidden_size", "draft_hidden_size", "vocab", "num_target_layers", "target_layer_ids", "mask_token_id"],
+)
+def test_draft_that_does_not_fit_the_target(pair, target_overrides, draft_overrides, message):
+    target, draft, ids = pair
+    if draft_overrides:
+        draft = make_tiny_draft(target, **draft_overrides)
+    if target_overrides:
+        target = make_tiny_target("llama", **target_overrides)
+    with pytest.raises(ValueError, match=f"does not fit the target model: .*{message}.*{FIT_FIX}"):
+        target.generate(ids, assistant_model=draft, max_new_tokens=4)
+
+
+def test_published_checkpoint_loaded_without_remote_code(tmp_path):
+    """Plain `AutoModel` on a published folder gives a Qwen3Model without the drafting code: say how to load it."""
+    target = make_tiny_target("qwen3")
+    write_published_checkpoint(tmp_path, make_tiny_draft(target))
+    plain = AutoModel.from_pretrained(tmp_path)
+    assert type(plain).__name__ == "Qwen3Model"
+    with pytest.raises(ValueError, match=r"loaded as a plain Qwen3Model.*trust_remote_code=True"):
+        target.generate(tiny_prompts(1)[0], assistant_model=plain, max_new_tokens=4)
+
+
+def test_our_checkpoint_loaded_without_remote_code(tmp_path):
+    """Our format has no built-in model type: transformers itself refuses and asks for `trust_remote_code=True`."""
+    make_tiny_draft(make_tiny_target("llama")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"trust_remote_code=True"):
+        AutoModel.from_pretrained(tmp_path, trust_remote_code=False)
+
+
+def test_installing_the_hook_twice_is_harmless(pair):
+    target, draft, ids = pair
+    hooked = (GenerationMixin._get_candidate_generator, GenerationMixin._assisted_decoding)
+    install_generate_hook()
+    install_generate_hook()
+    assert (GenerationMixin._get_candidate_generator, GenerationMixin._assisted_decoding) == hooked
+    _, stats = greedy_both(target, draft, ids, max_new_tokens=12)
+    assert_drafted(stats)
+
+
+@pytest.fixture
+def stock_generators(monkeypatch):
+    """Records the candidate generator classes generate builds; building a Domino generator fails the test."""
+    built = []
+    hooked = GenerationMixin._get_candidate_generator
+
+    def spy(self, *args, **kwargs):
+        generator = hooked(self, *args, **kwargs)
+        built.append(type(generator))
+        return generator
+
+    def no_domino(*args, **kwargs):
+        raise AssertionError("a Domino generator was built for a non-Domino assistant")
+
+    monkeypatch.setattr(GenerationMixin, "_get_candidate_generator", spy)
+    monkeypatch.setattr(DominoCandidateGenerator, "__init__", no_domino)
+    return built
+
+
+def test_plain_assistant_model_is_untouched(pair, stock_generators):
+    target, _, ids = pair
+    assistant = make_tiny_target("llama", num_hidden_layers=1, seed=3)
+    reference = target.generate(ids, do_sample=False, max_new_tokens=16)
+    output = target.generate(ids, do_sample=False, max_new_tokens=16, assistant_model=assistant)
+    assert output.tolist() == reference.tolist()
+    assert stock_generators == [AssistedCandidateGenerator]
+    target.generate(ids, do_sample=True, max_new_tokens=8, assistant_model=assistant)  # sampling too
+
+
+def test_prompt_lookup_is_untouched(pair, stock_generators):
+    target, _, ids = pair
+    ids = ids.repeat(1, 3)  # repeated n-grams for the lookup to find
+    reference = target.generate(ids, do_sample=False, max_new_tokens=16)
+    output = target.generate(ids, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3)
+    assert output.tolist() == reference.tolist()
+    assert stock_generators == [PromptLookupCandidateGenerator]

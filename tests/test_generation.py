@@ -1,0 +1,294 @@
+"""Greedy `target.generate(assistant_model=domino_draft)` must return exactly what the target returns alone.
+
+Tiny random fp32 targets of five architectures; random drafts (little acceptance) and drafts fitted in a few
+Adam steps to the target's greedy continuations (real acceptance: τ > 1), so that both the rejection and the
+acceptance paths of every feature are exercised.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_ARCHS, assert_drafted, greedy_both, make_tiny_draft, make_tiny_target, tiny_prompts
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from domino_hf import DominoCandidateGenerator, DominoTargetHead
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+@pytest.fixture
+def record_candidates(monkeypatch):
+    """A list that receives `(input_len, drafted ids list)` for every drafting step of the next generate calls."""
+    records = []
+    original = DominoCandidateGenerator.get_candidates
+
+    def spy(self, input_ids, *args, **kwargs):
+        candidates, logits = original(self, input_ids, *args, **kwargs)
+        if candidates.shape[1] > input_ids.shape[1]:
+            records.append((input_ids.shape[1], candidates[0, input_ids.shape[1] :].tolist()))
+        return candidates, logits
+
+    monkeypatch.setattr(DominoCandidateGenerator, "get_candidates", spy)
+    return records
+
+
+# ------------------------------------------------------------------------------------------ architectures
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_random_draft_is_lossless(arch):
+    target = make_tiny_target(arch)
+    draft = make_tiny_draft(target)
+    for length in (1, 5, 13):  # a one-token prompt leaves a single context position
+        ids = tiny_prompts(1, length=length, seed=length)[0]
+        output, stats = greedy_both(target, draft, ids, max_new_tokens=20)
+        assert output.shape[1] == length + 20
+        assert_drafted(stats)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_fitted_draft_is_lossless_and_accepts(arch, fitted_pair):
+    target, draft, prompts = fitted_pair(arch)
+    accepted = drafted = steps = 0
+    for ids in prompts[:3] + tiny_prompts(2, length=9, seed=7):  # fitted prompts, then unseen ones
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=24)
+        assert_drafted(stats)
+        accepted, drafted, steps = accepted + sum(stats.accepted), drafted + sum(stats.drafted), steps + stats.num_steps
+    assert accepted > 0 and (accepted + steps) / steps > 1.5, (arch, accepted, drafted, steps)  # τ > 1.5
+
+
+def test_gemma3_head_applies_embedding_scale_and_softcap():
+    target = make_tiny_target("gemma3")
+    draft = make_tiny_draft(target)
+    head = DominoTargetHead(target, draft.config)
+    ids = torch.tensor([3, 5])
+    expected = target.model.embed_tokens.weight[ids] * target.config.hidden_size**0.5
+    torch.testing.assert_close(head.embed(ids), expected)
+    assert head.softcap == 3.0
+    logits = head.logits(torch.randn(4, 32) * 100)
+    assert logits.abs().max() <= 3.0
+
+
+# ----------------------------------------------------------------------------------- block boundaries, EOS
+def test_eos_accepted_inside_a_block(fitted_pair, record_candidates):
+    """EOS drafted and accepted in the middle of a block: tokens drafted after it must be dropped."""
+    target, draft, prompts = fitted_pair("llama")
+    hits = 0
+    for ids in prompts[:4]:
+        continuation = target.generate(ids, do_sample=False, max_new_tokens=24)[0, ids.shape[1] :].tolist()
+        for eos in dict.fromkeys(continuation[2:12]):
+            record_candidates.clear()
+            output, _ = greedy_both(target, draft, ids, max_new_tokens=24, eos_token_id=eos, pad_token_id=eos)
+            end = output.shape[1]
+            assert output[0, -1].item() == eos and end < ids.shape[1] + 24
+            # the block that produced EOS drafted it before its last slot, and the target accepted it
+            hits += any(
+                start + j + 1 == end and j + 1 < len(block) and tok == eos
+                for start, block in record_candidates
+                for j, tok in enumerate(block)
+            )
+        if hits:
+            break
+    assert hits, "no EOS was accepted mid-block: the fitted draft no longer drafts across EOS"
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 4, 5])
+def test_max_new_tokens_shorter_than_a_block(fitted_pair, max_new_tokens):
+    target, draft, prompts = fitted_pair("llama")  # block 4: 4 drafted tokens per step
+    output, stats = greedy_both(target, draft, prompts[0], max_new_tokens=max_new_tokens)
+    assert output.shape[1] == prompts[0].shape[1] + max_new_tokens
+    assert all(n <= max_new_tokens - 1 for n in stats.drafted)
+    if max_new_tokens >= 3:
+        assert_drafted(stats)
+
+
+def test_block_longer_than_generation():
+    target = make_tiny_target("qwen3")
+    draft = make_tiny_draft(target, block_size=8)
+    greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=3)
+
+
+# ---------------------------------------------------------------------------------- head, shift, vocabulary
+def test_head_on_and_off(fitted_pair, monkeypatch):
+    target, draft, prompts = fitted_pair("llama")
+    calls = []
+    original = type(draft).correction
+    monkeypatch.setattr(type(draft), "correction", lambda self, *a: calls.append(1) or original(self, *a))
+    _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=16)
+    assert calls and stats.tau > 1
+    calls.clear()
+    draft.config.use_domino_head = False  # runtime switch: base logits only
+    assert not draft.has_domino_head
+    for ids in prompts[:2]:
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=16)
+        assert_drafted(stats)
+    assert not calls
+
+
+@pytest.mark.parametrize("shift_label", [True, False])
+@pytest.mark.parametrize("pure_draft_prefix_len", [0, 1])
+def test_shift_label_and_pure_prefix(fitted_pair, shift_label, pure_draft_prefix_len):
+    target, draft, prompts = fitted_pair("llama", shift_label=shift_label, pure_draft_prefix_len=pure_draft_prefix_len)
+    assert draft.config.num_draft_tokens == (4 if shift_label else 3)
+    taus = []
+    for ids in prompts[:3]:
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=20)
+        assert max(stats.drafted) == draft.config.num_draft_tokens
+        taus.append(stats.tau)
+    assert max(taus) > 1.5
+
+
+def _produced_tokens(target, prompts):
+    """Sorted token ids of the target's greedy continuations of `prompts` (prompt tokens excluded)."""
+    tokens = set()
+    for ids in prompts:
+        tokens.update(target.generate(ids, do_sample=False, max_new_tokens=24)[0, ids.shape[1] :].tolist())
+    return sorted(tokens)
+
+
+def test_sub_vocabulary_covering_the_outputs(fitted_pair):
+    produced = _produced_tokens(make_tiny_target("llama"), tiny_prompts(2))
+    assert len(produced) <= 12, "the tiny target's outputs cover most of its vocabulary: pick another seed"
+    target, draft, prompts = fitted_pair("llama", num_prompts=2, draft_vocab_ids=produced)
+    assert draft.embed_proj[2].out_features == len(produced)
+    accepted = 0
+    for ids in prompts:
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=24)
+        accepted += sum(stats.accepted)
+        greedy_both(target, draft, ids, max_new_tokens=24, repetition_penalty=1.5)
+    assert accepted > 0
+    greedy_both(target, draft, tiny_prompts(1, seed=11)[0], max_new_tokens=24)  # outputs outside the sub-vocabulary
+
+
+def test_sub_vocabulary_missing_the_outputs():
+    target = make_tiny_target("llama")
+    prompts = tiny_prompts(3)
+    others = sorted(set(range(16)) - set(_produced_tokens(target, prompts)))
+    assert others
+    draft = make_tiny_draft(target, draft_vocab_ids=others)
+    for ids in prompts:
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=24)
+        assert_drafted(stats)
+        assert sum(stats.accepted) == 0  # it can only propose tokens the target never chooses here
+
+
+# ------------------------------------------------------------------------------ processors, stops, streaming
+@pytest.mark.parametrize(
+    "processing",
+    [
+        dict(repetition_penalty=1.5),
+        dict(no_repeat_ngram_size=2),
+        dict(suppress_tokens=[5, 13]),
+        dict(min_new_tokens=10, eos_token_id=3, pad_token_id=3),
+    ],
+    ids=["repetition_penalty", "no_repeat_ngram", "suppress_tokens", "min_new_tokens"],
+)
+def test_greedy_logits_processors(fitted_pair, processing):
+    target, draft, prompts = fitted_pair("llama")
+    for ids in prompts[:3]:
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=20, **processing)
+        assert_drafted(stats)
+
+
+class StopOnToken(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria(fitted_pair, monkeypatch):
+    """A user criterion that stops on a token must stop where the target alone stops, even when the draft
+    would have proposed it mid-block: without the rollout's check this test fails (shown at the end)."""
+    target, draft, prompts = fitted_pair("llama")
+    cases = []
+    for ids in prompts[:4]:
+        continuation = target.generate(ids, do_sample=False, max_new_tokens=24)[0, ids.shape[1] :].tolist()
+        for token in dict.fromkeys(continuation[2:10]):
+            stop = StoppingCriteriaList([StopOnToken(token)])
+            output, _ = greedy_both(target, draft, ids, max_new_tokens=24, stopping_criteria=stop)
+            assert output[0, -1].item() == token and output.shape[1] < ids.shape[1] + 24
+            cases.append((ids, stop, output))
+
+    # teeth: with the rollout's stop check removed, some case runs past the stop
+    original_init = DominoCandidateGenerator.__init__
+
+    def init_without_stops(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.extra_stopping = []
+
+    monkeypatch.setattr(DominoCandidateGenerator, "__init__", init_without_stops)
+    overshoot = sum(
+        target.generate(ids, do_sample=False, max_new_tokens=24, stopping_criteria=stop, assistant_model=draft).shape
+        != output.shape
+        for ids, stop, output in cases
+    )
+    assert overshoot > 0
+
+
+def _letter_tokenizer(vocab_size=16):
+    """Token i is the letter chr(97 + i); text splits into single letters and decodes without spaces."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.WordLevel({chr(97 + i): i for i in range(vocab_size)}, unk_token="a"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=backend)
+
+
+def test_stop_strings(fitted_pair):
+    target, draft, prompts = fitted_pair("llama")
+    tokenizer = _letter_tokenizer()
+    stopped = accepted = 0
+    for ids in prompts[:3]:
+        continuation = target.generate(ids, do_sample=False, max_new_tokens=24)[0, ids.shape[1] :].tolist()
+        for k in (3, 7):  # a two-token stop string taken from the continuation
+            text = tokenizer.decode(continuation[k : k + 2])
+            output, stats = greedy_both(target, draft, ids, max_new_tokens=24, stop_strings=[text], tokenizer=tokenizer)
+            stopped += output.shape[1] < ids.shape[1] + 24
+            accepted += sum(stats.accepted)
+    assert stopped and accepted
+
+
+class CollectingStreamer(BaseStreamer):
+    def __init__(self):
+        self.chunks = []
+
+    def put(self, value):
+        self.chunks.append(value.reshape(-1).tolist())
+
+    def end(self):
+        self.ended = True
+
+
+def test_streamer_receives_exactly_the_output(fitted_pair):
+    target, draft, prompts = fitted_pair("llama")
+    ids = prompts[0]
+    reference = target.generate(ids, do_sample=False, max_new_tokens=20)
+    streamer = CollectingStreamer()
+    output = target.generate(ids, do_sample=False, max_new_tokens=20, streamer=streamer, assistant_model=draft)
+    assert output.tolist() == reference.tolist() and draft.last_generation_stats.tau > 1
+    assert streamer.ended and streamer.chunks[0] == ids[0].tolist()  # the prompt comes first
+    assert sum(streamer.chunks[1:], []) == output[0, ids.shape[1] :].tolist()
+    assert any(len(chunk) > 1 for chunk in streamer.chunks[1:])  # several tokens per verify step
+
+
+def test_left_padded_prompt_and_dict_output_with_hidden_states(fitted_pair):
+    target, draft, prompts = fitted_pair("llama")
+    ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompts[1]], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(prompts[1])], dim=1)
+    greedy_both(target, draft, ids, attention_mask=mask, max_new_tokens=16, pad_token_id=0)
+    kwargs = dict(
+        max_new_tokens=12, do_sample=False, return_dict_in_generate=True, output_scores=True, output_hidden_states=True
+    )
+    reference = target.generate(prompts[1], **kwargs)
+    output = target.generate(prompts[1], assistant_model=draft, **kwargs)
+    assert output.sequences.tolist() == reference.sequences.tolist() and len(output.scores) == 12
+    assert draft.last_generation_stats.tau > 1
+    # every layer of every step, as without the draft (the draft itself only needs a few layers)
+    assert len(output.hidden_states) == len(reference.hidden_states) == 12
+    for ours, theirs in zip(output.hidden_states, reference.hidden_states):
+        assert len(ours) == len(theirs) == target.config.num_hidden_layers + 1
+        torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
