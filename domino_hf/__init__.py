@@ -9,6 +9,8 @@ Domino draft passed as `assistant_model` to its candidate generator.
 
 import logging
 
+from transformers import AutoConfig, AutoModel
+
 from .modeling import (
     DominoCandidateGenerator,
     DominoConfig,
@@ -19,6 +21,10 @@ from .modeling import (
 )
 
 __version__ = "0.1.0"
+
+# With domino_hf imported, Domino folders also load through the Auto classes without remote code.
+AutoConfig.register(DominoConfig.model_type, DominoConfig, exist_ok=True)
+AutoModel.register(DominoConfig, DominoDraftModel, exist_ok=True)
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
 

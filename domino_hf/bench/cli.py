@@ -1,0 +1,370 @@
+"""`domino bench`: speculative decoding benchmark on the 🤗 Transformers backend.
+
+Exit codes: 0 = done; 1 = a method's greedy output differed from autoregressive decoding (not lossless);
+2 = bad arguments or a missing model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from ..utils import project_root
+from .runner import AR, BenchConfig, BenchPrompt
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_DRAFT = "drafts/smollm2-135m-instruct-domino"
+DRAFT_METHODS = ("dflash", "domino")
+DTYPES = ("float32", "bfloat16", "float16")
+
+DESCRIPTION = """\
+Benchmark speculative decoding on the 🤗 Transformers backend, the way the literature reports it.
+
+All methods run in one process on the same loaded target, interleaved prompt by prompt:
+  autoregressive  plain `generate` (the baseline: τ = 1, speedup = 1)
+  prompt_lookup   transformers' prompt lookup decoding (`prompt_lookup_num_tokens`)
+  assisted        a classic small draft model (only with --assistant)
+  dflash          the Domino checkpoint with its head switched off (`config.use_domino_head = False`)
+  domino          the Domino checkpoint as shipped
+
+Reported per method (and per prompt set): τ (tokens per target forward, bonus included), per-position
+acceptance, the acceptance-length histogram, decode speedup vs autoregressive (prefill excluded, medians
+over prompts × repeats), end-to-end tokens/s, and a token-by-token lossless check of greedy outputs.
+Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the table."""
+
+EPILOG = """\
+examples:
+  domino bench                                        # 20 HumanEval + 20 MT-Bench prompts, greedy
+  domino bench --prompts alpaca,qa --num-prompts 10 --repeats 3
+  domino bench --temperature 1.0 --seed 0             # sampling (lossless check n/a)
+  domino bench --draft me/smollm2-domino --methods autoregressive,domino
+  domino bench --prompts my_prompts.jsonl --max-new-tokens 256 --out runs/today
+  domino bench --humaneval-pass1 --pass1-samples 5    # + HumanEval pass@1 at T>0 (slow)
+
+prompt sets: humaneval, mt_bench (first turn), alpaca, sum, qa, sharegpt, or a JSONL path."""
+
+
+def _csv(value: str) -> list[str]:
+    return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    models = parser.add_argument_group("models")
+    models.add_argument(
+        "--target",
+        metavar="NAME_OR_PATH",
+        default="smollm2",
+        help="target model: `smollm2` (offline SmolLM2-135M-Instruct), a local folder or a Hub id (default: "
+        "%(default)s)",
+    )
+    models.add_argument(
+        "--draft",
+        metavar="PATH_OR_REPO",
+        default=None,
+        help="Domino draft folder or Hub id, loaded with `AutoModel.from_pretrained(..., trust_remote_code=True)` "
+        f"(default: the shipped {DEFAULT_DRAFT})",
+    )
+    models.add_argument(
+        "--assistant",
+        metavar="NAME_OR_PATH",
+        default=None,
+        help="small causal LM for the `assisted` method (same tokenizer as the target)",
+    )
+    models.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPES,
+        help="dtype of all models; greedy identity needs float32 on CPU (default: %(default)s)",
+    )
+    models.add_argument(
+        "--device",
+        metavar="DEVICE",
+        default="cpu",
+        help="cpu, cuda, cuda:N or auto (default: %(default)s)",
+    )
+
+    run = parser.add_argument_group("what to run")
+    run.add_argument(
+        "--methods",
+        metavar="LIST",
+        type=_csv,
+        default=None,
+        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino (default: all that can "
+        "run)",
+    )
+    run.add_argument(
+        "--prompts",
+        metavar="LIST",
+        type=_csv,
+        default=["humaneval", "mt_bench"],
+        help="comma-separated prompt sets or JSONL paths (default: humaneval,mt_bench)",
+    )
+    run.add_argument("--num-prompts", metavar="N", type=int, default=20, help="prompts per set (default: %(default)s)")
+    run.add_argument(
+        "--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
+    )
+    run.add_argument(
+        "--temperature",
+        metavar="T",
+        type=float,
+        default=0.0,
+        help="0 = greedy; > 0 = pure sampling, seeded per prompt (default: %(default)s)",
+    )
+    run.add_argument(
+        "--seed",
+        metavar="N",
+        type=int,
+        default=0,
+        help="base seed of the sampling runs (default: %(default)s)",
+    )
+    run.add_argument(
+        "--repeats",
+        metavar="N",
+        type=int,
+        default=1,
+        help="timed runs per prompt and method (default: %(default)s)",
+    )
+    run.add_argument(
+        "--warmup",
+        metavar="N",
+        type=int,
+        default=1,
+        help="untimed runs per method before timing (default: %(default)s)",
+    )
+    run.add_argument(
+        "--prompt-lookup-tokens",
+        metavar="N",
+        type=int,
+        default=10,
+        help="`prompt_lookup_num_tokens` for prompt_lookup (default: %(default)s)",
+    )
+    run.add_argument(
+        "--system",
+        metavar="TEXT",
+        default=None,
+        help="system prompt for the chat template (default: none)",
+    )
+    run.add_argument(
+        "--threads",
+        metavar="N",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's choice). On a machine shared with other jobs, fewer "
+        "threads than cores gives steadier timings",
+    )
+
+    task = parser.add_argument_group("HumanEval pass@1 at T > 0 (opt-in, slow)")
+    task.add_argument(
+        "--humaneval-pass1",
+        action="store_true",
+        help="also compare pass@1 of autoregressive vs domino sampling, executing the samples",
+    )
+    task.add_argument(
+        "--pass1-problems",
+        metavar="N",
+        type=int,
+        default=20,
+        help="HumanEval problems (default: %(default)s)",
+    )
+    task.add_argument(
+        "--pass1-samples",
+        metavar="N",
+        type=int,
+        default=5,
+        help="samples per problem and method (default: %(default)s)",
+    )
+    task.add_argument(
+        "--pass1-temperature",
+        metavar="T",
+        type=float,
+        default=1.0,
+        help="sampling temperature of the pass@1 check (default: %(default)s)",
+    )
+    task.add_argument(
+        "--pass1-max-new-tokens", metavar="N", type=int, default=256, help="tokens per sample (default: %(default)s)"
+    )
+
+    out = parser.add_argument_group("output")
+    out.add_argument("--out", metavar="DIR", default="docs/bench", help="output folder (default: %(default)s)")
+    out.add_argument(
+        "--name",
+        metavar="STEM",
+        default=None,
+        help="file stem (default: `bench`, or `bench_T<temperature>` when sampling)",
+    )
+    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "bench",
+        help="benchmark Domino against autoregressive, prompt lookup, assisted and DFlash decoding",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+class UsageError(Exception):
+    """A problem the user fixes with a flag; reported without a traceback (exit code 2)."""
+
+
+def resolve_draft(draft: str | None) -> str:
+    """The draft to load: `--draft` or the shipped default; a missing local folder is a clear error."""
+    if draft is None:
+        path = project_root() / DEFAULT_DRAFT
+        if not path.is_dir():
+            raise UsageError(
+                f"No Domino draft given and the shipped draft {DEFAULT_DRAFT} is not in this checkout ({path}). "
+                "Pass --draft PATH_OR_HUB_ID (train one with `domino train`, export it with `domino export`), "
+                "or benchmark without a draft: --methods autoregressive,prompt_lookup."
+            )
+        return str(path)
+    looks_local = draft.startswith((".", "/", "~")) or Path(draft).expanduser().exists() or draft.count("/") != 1
+    if looks_local and not Path(draft).expanduser().is_dir():
+        raise UsageError(f"--draft {draft}: no such folder (give a local draft folder or a Hub id `owner/name`).")
+    return str(Path(draft).expanduser()) if looks_local else draft
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_draft(name: str, dtype, device):
+    from transformers import AutoModel
+
+    try:
+        draft = AutoModel.from_pretrained(name, trust_remote_code=True, dtype=dtype)
+    except OSError as err:
+        raise UsageError(f"Could not load the draft {name!r}: {err}") from err
+    return draft.to(device).eval()
+
+
+def load_assistant(name: str, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except OSError as err:
+        raise UsageError(f"Could not load the assistant {name!r}: {err}") from err
+
+
+def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None = None) -> list[BenchPrompt]:
+    """Read each source and apply the chat template to its first user turn (MT-Bench: turn 1)."""
+    from ..data import chat_input_ids, read_prompts
+
+    prompts = []
+    for source in sources:
+        prompt_set = read_prompts(source, limit)
+        name = Path(source).stem if Path(source).suffix else source
+        if prompt_set.skipped:
+            logger.warning("%s: skipped %d malformed record(s)", source, prompt_set.skipped)
+        if not prompt_set.records:
+            raise UsageError(f"Prompt source {source!r} has no usable prompts.")
+        for record in prompt_set.records:
+            ids = chat_input_ids(tokenizer, record.turns[:1], system=system or record.meta.get("system"))
+            prompts.append(BenchPrompt(name, record.id, ids))
+    return prompts
+
+
+def choose_methods(requested: list[str] | None, assistant: str | None) -> list[str]:
+    from .runner import ALL_METHODS
+
+    if requested is None:
+        return [m for m in ALL_METHODS if m != "assisted" or assistant]
+    unknown = [m for m in requested if m not in ALL_METHODS]
+    if unknown:
+        raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS)}.")
+    if "assisted" in requested and not assistant:
+        raise UsageError(
+            "--methods assisted needs --assistant NAME_OR_PATH (a small model sharing the target's tokenizer)."
+        )
+    return requested
+
+
+def load_target(name: str, dtype, device):
+    from ..targets import load_target as _load
+
+    return _load(name, dtype=dtype, device=device)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except UsageError as err:
+        logger.error("%s", err)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
+    import torch
+
+    from .report import markdown, write_report
+    from .runner import run_benchmark
+
+    dtype = getattr(torch, args.dtype)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
+    methods = choose_methods(args.methods, args.assistant)
+    needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
+    draft_name = resolve_draft(args.draft) if needs_draft else None
+    if args.dtype != "float32" and args.temperature <= 0:
+        logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
+
+    target, tokenizer = load_target(args.target, dtype, device)
+    draft = load_draft(draft_name, dtype, device) if draft_name else None
+    assistant = load_assistant(args.assistant, dtype, device) if args.assistant else None
+    prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system)
+    config = BenchConfig(
+        methods=tuple(methods),
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+        prompt_lookup_tokens=args.prompt_lookup_tokens,
+        progress=not args.no_progress,
+        extra={
+            "target": args.target,
+            "draft": args.draft or (DEFAULT_DRAFT if draft_name else None),
+            "assistant": args.assistant,
+            "dtype": args.dtype,
+            "device": device,
+            "sources": args.prompts,
+            "system": args.system,
+        },
+    )
+    result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+    if args.humaneval_pass1:
+        from .humaneval import humaneval_pass1
+
+        result["humaneval_pass1"] = humaneval_pass1(
+            target,
+            tokenizer,
+            draft,
+            num_problems=args.pass1_problems,
+            samples=args.pass1_samples,
+            temperature=args.pass1_temperature,
+            max_new_tokens=args.pass1_max_new_tokens,
+            seed=args.seed,
+            progress=not args.no_progress,
+        )
+    stem = args.name or ("bench" if config.greedy else f"bench_T{args.temperature:g}")
+    paths = write_report(result, args.out, stem=stem, plots=not args.no_plots)
+    print(markdown(result))
+    print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
+    failed = [m for m, v in result["methods"].items() if v["lossless"] is False]
+    if failed:
+        logger.error("NOT LOSSLESS: %s produced different greedy tokens than %s decoding.", ", ".join(failed), AR)
+        return 1
+    return 0

@@ -1,0 +1,197 @@
+"""Writing a benchmark result: `bench.json`, `bench.md` and PNG plots.
+
+JSON schema (top level):
+
+* `config`: what was run (methods, prompt sets and counts, generation settings, target/draft names,
+  library versions, threads, date).
+* `methods`: {method: {tau, speedup, speedup_paired, tokens_per_s, decode_ms_per_token, prefill_ms,
+  lossless, mismatched_runs, per_position_acceptance, per_position_drafted, histogram,
+  mean_drafted_per_step, num_steps, num_runs, new_tokens}}. `lossless` is null when sampling.
+* `by_set`: the same per prompt set (only when several sets ran; speedups against that set's baseline).
+* `profile`: {method: {decode/target/draft_forward/other ms per step, fractions, prefill medians}}.
+* `mismatches`: {method: [first greedy differences vs autoregressive]}.
+* `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
+* `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+
+def _fmt(value, pattern="{:.2f}", missing="–"):
+    return missing if value is None else pattern.format(value)
+
+
+def _lossless(value) -> str:
+    return {True: "yes", False: "**NO**", None: "n/a (sampling)"}[value]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    """A Markdown table; every column but the first is right-aligned."""
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def methods_table(methods: dict) -> str:
+    header = ["method", "τ", "speedup", "decode ms/token", "tokens/s (e2e)", "lossless"]
+    rows = [
+        [
+            name,
+            _fmt(m["tau"]),
+            _fmt(m["speedup"], "{:.2f}×"),
+            _fmt(m["decode_ms_per_token"], "{:.1f}"),
+            _fmt(m["tokens_per_s"], "{:.1f}"),
+            _lossless(m["lossless"]),
+        ]
+        for name, m in methods.items()
+    ]
+    return _table(header, rows)
+
+
+def by_set_table(by_set: dict) -> str:
+    methods = list(next(iter(by_set.values())).keys())
+    rows = [
+        [name] + [f"{_fmt(b[m]['speedup'], '{:.2f}×')} / {_fmt(b[m]['tau'])}" if m in b else "–" for m in methods]
+        for name, b in by_set.items()
+    ]
+    return _table(["set", *methods], rows)
+
+
+def profile_table(profile: dict) -> str:
+    keys = ("decode_ms_per_step", "target_ms_per_step", "draft_forward_ms_per_step", "other_ms_per_step")
+    header = ["method", "decode ms/step", "target ms/step", "draft forward ms/step", "other ms/step", "prefill ms"]
+    rows = [
+        [name] + [_fmt(p[k], "{:.1f}") for k in (*keys, "prefill_ms_median")] for name, p in profile.items()
+    ]
+    return _table(header, rows)
+
+
+def pass1_table(pass1: dict) -> str:
+    rows = [
+        [name, f"{r['pass1']:.3f}", f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]", str(r["num_samples"])]
+        for name, r in pass1["methods"].items()
+    ]
+    lines = [_table(["method", "pass@1", "95% CI", "samples"], rows)]
+    diff = pass1["difference"]
+    verdict = "agree" if pass1["agree"] else "**DISAGREE**"
+    lines.append(
+        f"\nDifference (domino − autoregressive): {diff['mean']:+.3f}, 95% CI [{diff['ci95'][0]:+.3f}, "
+        f"{diff['ci95'][1]:+.3f}] over {pass1['num_problems']} problems → {verdict}."
+    )
+    return "\n".join(lines)
+
+
+def markdown(result: dict) -> str:
+    """The human-readable report: headline table, per-set breakdown, profile, settings."""
+    config = result["config"]
+    sets = ", ".join(f"{k} ({v})" for k, v in config["prompt_sets"].items())
+    mode = "greedy" if config["greedy"] else f"sampling, T={config['temperature']}"
+    parts = [
+        "# Speculative decoding benchmark",
+        "",
+        f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
+        f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s), dtype "
+        f"{config.get('dtype', '?')}, device {config.get('device', '?')}.",
+        "",
+        "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
+        "method's (prefill excluded, medians over prompts × repeats).",
+        "",
+        methods_table(result["methods"]),
+    ]
+    if result.get("by_set"):
+        parts += ["", "## Per prompt set (speedup / τ)", "", by_set_table(result["by_set"])]
+    if result.get("profile"):
+        parts += ["", "## Where decode time goes", "", profile_table(result["profile"])]
+    if result.get("humaneval_pass1"):
+        parts += ["", "## HumanEval pass@1 (sampling)", "", pass1_table(result["humaneval_pass1"])]
+    bad = [m for m, v in result["methods"].items() if v["lossless"] is False]
+    if bad:
+        parts += ["", f"**Lossless check FAILED for: {', '.join(bad)}** (see `mismatches` in the JSON)."]
+    return "\n".join(parts) + "\n"
+
+
+def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
+    """Acceptance-length histogram, per-position acceptance and speedup bars (matplotlib, Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    methods = result["methods"]
+    drafting = {n: m for n, m in methods.items() if m["per_position_acceptance"]}
+    written = []
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / max(len(drafting), 1)
+    for i, (name, m) in enumerate(drafting.items()):
+        hist = m["histogram"]
+        total = sum(hist.values()) or 1
+        xs = [int(k) + (i - (len(drafting) - 1) / 2) * width for k in hist]
+        ax.bar(xs, [v / total for v in hist.values()], width=width, label=f"{name} (τ={_fmt(m['tau'])})")
+    ax.set(xlabel="tokens per target forward (accepted + bonus)", ylabel="fraction of verify steps")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    written.append(_save(fig, ax, "Acceptance length", bool(drafting), out_dir / f"{stem}_acceptance_histogram.png"))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, m in drafting.items():
+        rates = m["per_position_acceptance"]
+        ax.plot(range(1, len(rates) + 1), rates, marker="o", label=name)
+    ax.set(xlabel="draft position", ylabel="P(accepted | drafted)", ylim=(0, 1.02))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    path = out_dir / f"{stem}_per_position_acceptance.png"
+    written.append(_save(fig, ax, "Per-position acceptance", bool(drafting), path))
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    groups = {"all": methods, **result.get("by_set", {})}
+    names = list(methods)
+    width = 0.8 / len(groups)
+    for g, (group, block) in enumerate(groups.items()):
+        xs = [i + (g - (len(groups) - 1) / 2) * width for i in range(len(names))]
+        ys = [(block.get(n) or {}).get("speedup") or 0.0 for n in names]
+        bars = ax.bar(xs, ys, width=width, label=group)
+        for bar, n in zip(bars, names):
+            t = (block.get(n) or {}).get("tau")
+            if t is not None:
+                top = (bar.get_x() + bar.get_width() / 2, bar.get_height())
+                ax.annotate(f"τ {t:.2f}", top, ha="center", va="bottom", fontsize=7)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set(ylabel="decode speedup vs autoregressive (×)")
+    written.append(_save(fig, ax, "Speedup (prefill excluded)", len(groups) > 1, out_dir / f"{stem}_speedup.png"))
+    return written
+
+
+def _save(fig, ax, title: str, legend: bool, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    ax.set_title(title)
+    if legend:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(result: dict, out_dir: str | Path, stem: str = "bench", plots: bool = True) -> dict[str, Path]:
+    """Write `<stem>.json`, `<stem>.md` and `<stem>_*.png` into `out_dir`; return {kind: path}."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / f"{stem}.json", "markdown": out / f"{stem}.md"}
+    paths["json"].write_text(json.dumps(result, indent=1, default=str) + "\n")
+    paths["markdown"].write_text(markdown(result))
+    if plots:
+        try:
+            for path in plot(result, out, stem):
+                paths[path.stem[len(stem) + 1 :]] = path
+        except ImportError:
+            logger.warning("matplotlib is not installed: no plots (pip install 'domino-hf[bench]').")
+    logger.info("Benchmark written to %s", out)
+    return paths

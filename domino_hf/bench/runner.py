@@ -1,0 +1,341 @@
+"""The benchmark loop: every method on every prompt, interleaved, on one loaded target.
+
+Contract of `run_benchmark`: the target (and draft / assistant) are already loaded on their device; prompts
+arrive tokenized (`BenchPrompt.input_ids`, chat template applied by the caller). For each prompt and repeat
+all methods run back to back, in an order rotated per prompt, so slow drifts of a shared machine (other
+jobs, thermal state) hit every method alike instead of whichever method happened to run last. Each method
+gets `warmup` untimed calls first (allocator, kernels and lazy imports settle there).
+
+Sampling runs reseed torch with the same seed for every method of a given (prompt, repeat): the draws of the
+target are then comparable, though a drafting method consumes extra random numbers, so sampled outputs
+differ between methods by design. Greedy outputs must be identical to autoregressive decoding token by
+token; any difference is reported as `lossless: false`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+from transformers import GenerationConfig
+
+from .instrument import ForwardProbe, RunRecord, TimingStreamer, steps_from_probe
+from .stats import AR, summarize
+
+logger = logging.getLogger(__name__)
+
+ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino")
+
+
+@dataclass
+class BenchPrompt:
+    """One tokenized prompt: `prompt_set` groups the per-set breakdown; `input_ids` includes the template."""
+
+    prompt_set: str
+    prompt_id: str
+    input_ids: list[int]
+
+
+@dataclass
+class BenchConfig:
+    methods: tuple[str, ...] = (AR, "prompt_lookup", "dflash", "domino")
+    max_new_tokens: int = 128
+    temperature: float = 0.0
+    repeats: int = 1
+    warmup: int = 1
+    seed: int = 0
+    prompt_lookup_tokens: int = 10
+    progress: bool = True
+    extra: dict = field(default_factory=dict)  # recorded verbatim in the JSON `config` (names, paths, …)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0
+
+
+# ------------------------------------------------------------------------------------------------ methods
+class Method:
+    """A decoding method = generation-config fields + extra `generate` kwargs + an optional switch."""
+
+    name = AR
+    drafter: torch.nn.Module | None = None  # module whose forward counts as draft time
+
+    def config_fields(self) -> dict:
+        return {}
+
+    def generate_kwargs(self) -> dict:
+        return {}
+
+    @contextlib.contextmanager
+    def active(self):
+        yield
+
+    def generate(self, target, input_ids, generation_config, streamer) -> torch.Tensor:
+        fields = self.config_fields()
+        if fields:
+            generation_config = copy.deepcopy(generation_config)
+            generation_config.update(**fields)
+        return target.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            generation_config=generation_config,
+            streamer=streamer,
+            **self.generate_kwargs(),
+        )
+
+    def steps_from_stats(self) -> tuple[list[int], list[int]] | None:
+        """(drafted, accepted) per step as the drafter itself recorded them, when it does."""
+        return None
+
+
+class Autoregressive(Method):
+    name = AR
+
+
+class PromptLookup(Method):
+    name = "prompt_lookup"
+
+    def __init__(self, num_tokens: int):
+        self.num_tokens = num_tokens
+
+    def config_fields(self):
+        return {"prompt_lookup_num_tokens": self.num_tokens}
+
+
+class Assisted(Method):
+    name = "assisted"
+
+    def __init__(self, assistant):
+        self.drafter = assistant
+
+    def generate_kwargs(self):
+        return {"assistant_model": self.drafter}
+
+
+class DominoMethod(Method):
+    """`domino` (head on) or `dflash` (the same checkpoint with `config.use_domino_head = False`)."""
+
+    def __init__(self, draft, use_head: bool):
+        self.drafter = draft
+        self.use_head = use_head
+        self.name = "domino" if use_head else "dflash"
+
+    def generate_kwargs(self):
+        return {"assistant_model": self.drafter}
+
+    @contextlib.contextmanager
+    def active(self):
+        config = self.drafter.config
+        saved = config.use_domino_head
+        config.use_domino_head = self.use_head
+        self.drafter.last_generation_stats = None
+        try:
+            yield
+        finally:
+            config.use_domino_head = saved
+
+    def steps_from_stats(self):
+        stats = getattr(self.drafter, "last_generation_stats", None)
+        return None if stats is None else (list(stats.drafted), list(stats.accepted))
+
+
+def build_methods(names, draft=None, assistant=None, prompt_lookup_tokens: int = 10) -> list[Method]:
+    """Instantiate the requested methods; raise a ValueError naming what is missing for one that can't run."""
+    unknown = [n for n in names if n not in ALL_METHODS]
+    if unknown:
+        raise ValueError(f"Unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}.")
+    methods = []
+    for name in names:
+        if name == AR:
+            methods.append(Autoregressive())
+        elif name == "prompt_lookup":
+            methods.append(PromptLookup(prompt_lookup_tokens))
+        elif name == "assisted":
+            if assistant is None:
+                raise ValueError("Method 'assisted' needs a small assistant model (`--assistant NAME_OR_PATH`).")
+            methods.append(Assisted(assistant))
+        else:
+            if draft is None:
+                raise ValueError(f"Method '{name}' needs a Domino draft (`--draft PATH_OR_REPO`).")
+            if name == "domino" and not hasattr(draft, "prefix_gru"):
+                raise ValueError(
+                    "Method 'domino' needs a draft with a Domino head; this checkpoint has none (a DFlash "
+                    "draft?). Benchmark it as 'dflash'."
+                )
+            methods.append(DominoMethod(draft, use_head=name == "domino"))
+    if AR not in names:
+        logger.warning("No 'autoregressive' baseline: speedups and the lossless check are unavailable.")
+    return methods
+
+
+def make_generation_config(target, max_new_tokens: int, temperature: float) -> GenerationConfig:
+    """A clean config (no repetition penalty, top-k or top-p inherited from the checkpoint), the target's
+    special tokens. Sampling is pure temperature sampling of the target distribution."""
+    base = target.generation_config
+    eos = base.eos_token_id
+    pad = base.pad_token_id if base.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos)
+    sampling = dict(temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else {}
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=temperature > 0,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=base.bos_token_id,
+        **sampling,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ running
+class _Probes:
+    def __init__(self, target, drafters):
+        sync = target.device.type == "cuda"
+        self.target = ForwardProbe(target, synchronize=sync)
+        self.drafters = {id(m): ForwardProbe(m, synchronize=sync) for m in drafters if m is not None}
+
+    def reset(self):
+        self.target.reset()
+        for probe in self.drafters.values():
+            probe.reset()
+
+    def remove(self):
+        self.target.remove()
+        for probe in self.drafters.values():
+            probe.remove()
+
+
+def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generation_config, probes, seed) -> RunRecord:
+    """One timed generate call; see `instrument.py` for what is measured."""
+    input_ids = torch.tensor([prompt.input_ids], dtype=torch.long, device=target.device)
+    streamer = TimingStreamer()
+    probes.reset()
+    if seed is not None:
+        torch.manual_seed(seed)
+    with method.active():
+        t0 = time.perf_counter()
+        output = method.generate(target, input_ids, generation_config, streamer)
+        t1 = time.perf_counter()
+        stats_steps = method.steps_from_stats()
+    output_ids = output[0, input_ids.shape[1] :].tolist()
+    chunks = streamer.chunks
+    t_first = chunks[0][0] if chunks else t1
+    t_last = chunks[-1][0] if chunks else t1
+    calls = probes.target.calls
+    probe_drafted, probe_accepted = steps_from_probe(calls, streamer.chunk_sizes)
+    drafted, accepted = probe_drafted, probe_accepted
+    tau_from_stats = None
+    if stats_steps is not None:
+        drafted, accepted = stats_steps
+        tau_from_stats = (sum(accepted) + len(accepted)) / len(accepted) if accepted else None
+        if (drafted, accepted) != (probe_drafted, probe_accepted):
+            logger.warning(
+                "%s: the draft's own step counts differ from the target-forward counts (%d vs %d steps).",
+                method.name,
+                len(accepted),
+                len(probe_accepted),
+            )
+    draft_probe = probes.drafters.get(id(method.drafter)) if method.drafter is not None else None
+    return RunRecord(
+        method=method.name,
+        prompt_set=prompt.prompt_set,
+        prompt_id=prompt.prompt_id,
+        repeat=repeat,
+        prompt_tokens=len(prompt.input_ids),
+        output_ids=output_ids,
+        first_chunk=chunks[0][1] if chunks else 0,
+        drafted=drafted,
+        accepted=accepted,
+        total_s=t1 - t0,
+        prefill_s=t_first - t0,
+        decode_s=t_last - t_first,
+        target_prefill_s=(calls[0].end - calls[0].start) if calls else 0.0,
+        target_decode_s=sum(c.end - c.start for c in calls[1:]),
+        draft_decode_s=draft_probe.time_between(t_first, t_last) if draft_probe else 0.0,
+        tau_from_stats=tau_from_stats,
+    )
+
+
+def environment() -> dict:
+    import transformers
+
+    from .. import __version__
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "domino_hf": __version__,
+        "python": platform.python_version(),
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft=None, assistant=None) -> dict:
+    """Run every method of `config` on every prompt; return the JSON-ready result (see `report.py`).
+
+    Keys: `config`, `methods`, `by_set` (when several prompt sets), `profile`, `mismatches`, `runs`.
+    """
+    if not prompts:
+        raise ValueError("No prompts to benchmark.")
+    methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens)
+    generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
+    probes = _Probes(target, [draft, assistant])
+    runs: list[RunRecord] = []
+    total = len(methods) * (len(prompts) * config.repeats)
+    try:
+        from tqdm.auto import tqdm
+
+        for method in methods:
+            for w in range(config.warmup):
+                run_once(target, method, prompts[0], -1, generation_config, probes, config.seed + w)
+        with tqdm(total=total, desc="bench", unit="run", disable=not config.progress) as bar:
+            for p, prompt in enumerate(prompts):
+                for repeat in range(config.repeats):
+                    seed = None if config.greedy else config.seed + 1000 * p + repeat
+                    shift = (p + repeat) % len(methods)
+                    for method in methods[shift:] + methods[:shift]:
+                        record = run_once(target, method, prompt, repeat, generation_config, probes, seed)
+                        runs.append(record)
+                        bar.set_postfix_str(f"{prompt.prompt_set}/{prompt.prompt_id} {method.name}")
+                        bar.update()
+    finally:
+        probes.remove()
+
+    names = [m.name for m in methods]
+    result = {"config": _config_record(config, prompts), **summarize(runs, names, config.greedy)}
+    result["runs"] = [r.summary() for r in runs]
+    for name, found in result["mismatches"].items():
+        first = found[0]
+        logger.error(
+            "LOSSLESS CHECK FAILED: '%s' differs from autoregressive decoding in %d run(s); first: prompt %s/%s "
+            "at new token %d (expected %s, got %s).",
+            name,
+            result["methods"][name]["mismatched_runs"],
+            first["set"],
+            first["prompt_id"],
+            first["position"],
+            first["expected"],
+            first["got"],
+        )
+    return result
+
+
+def _config_record(config: BenchConfig, prompts: list[BenchPrompt]) -> dict:
+    record = {k: v for k, v in asdict(config).items() if k not in ("extra", "progress")}
+    record["methods"] = list(config.methods)
+    record["greedy"] = config.greedy
+    sets: dict[str, int] = {}
+    for prompt in prompts:
+        sets[prompt.prompt_set] = sets.get(prompt.prompt_set, 0) + 1
+    record["prompt_sets"] = sets
+    record["num_prompts"] = len(prompts)
+    record["environment"] = environment()
+    record.update(config.extra)
+    return record

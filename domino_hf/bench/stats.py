@@ -1,0 +1,170 @@
+"""Turning `RunRecord`s into the numbers the speculative decoding literature reports.
+
+Definitions (the same for every method, see `instrument.py` for how steps are counted):
+
+* τ (acceptance length) = tokens produced per target verify forward, bonus token included, pooled over
+  all runs: `Σ(accepted + 1) / #steps`. Plain decoding has exactly one token per forward: τ = 1.
+* per-position acceptance[k] = P(draft slot k accepted | slot k was drafted), pooled over steps.
+* histogram: number of verify steps that produced 1, 2, … tokens (sums to the number of steps).
+* decode ms/token = (last chunk − first generated chunk) / tokens after prefill, per run; a method's
+  value is the median over prompts × repeats; speedup = median(autoregressive) / median(method), so the
+  autoregressive row is exactly 1. `speedup_paired` is the median of per-(prompt, repeat) ratios.
+* tokens/s = Σ new tokens / Σ end-to-end generate time (prefill included).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from .instrument import RunRecord
+
+AR = "autoregressive"
+MAX_REPORTED_MISMATCHES = 20
+
+
+def tau(accepted: list[int]) -> float | None:
+    """Tokens per verify step, bonus included; None without any step."""
+    return (sum(accepted) + len(accepted)) / len(accepted) if accepted else None
+
+
+def per_position_acceptance(drafted: list[int], accepted: list[int]) -> tuple[list[float], list[int]]:
+    """Rate and number of steps at which each draft position was drafted (position 0 = first draft token)."""
+    width = max(drafted, default=0)
+    seen = [0] * width
+    hits = [0] * width
+    for d, a in zip(drafted, accepted):
+        for k in range(d):
+            seen[k] += 1
+            hits[k] += k < a
+    return [h / s if s else 0.0 for h, s in zip(hits, seen)], seen
+
+
+def histogram(accepted: list[int]) -> dict[str, int]:
+    """{tokens produced in a step: number of steps}, keys "1".."max" (strings: JSON keys)."""
+    counts = Counter(a + 1 for a in accepted)
+    top = max(counts, default=0)
+    return {str(n): counts.get(n, 0) for n in range(1, top + 1)}
+
+
+def _median(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    return num / den if num is not None and den else None
+
+
+def summarize_method(runs: list[RunRecord], ar_runs: list[RunRecord] | None) -> dict:
+    """Aggregate the runs of one method (optionally restricted to one prompt set)."""
+    drafted = [d for r in runs for d in r.drafted]
+    accepted = [a for r in runs for a in r.accepted]
+    rates, seen = per_position_acceptance(drafted, accepted)
+    ms = _median([r.decode_ms_per_token for r in runs])
+    result = {
+        "tau": tau(accepted),
+        "speedup": None,
+        "speedup_paired": None,
+        "tokens_per_s": _ratio(sum(r.new_tokens for r in runs), sum(r.total_s for r in runs)),
+        "decode_ms_per_token": ms,
+        "prefill_ms": _median([1000 * r.prefill_s for r in runs]),
+        "lossless": None,
+        "per_position_acceptance": rates,
+        "per_position_drafted": seen,
+        "histogram": histogram(accepted),
+        "mean_drafted_per_step": _ratio(sum(drafted), len(drafted)),
+        "num_steps": len(accepted),
+        "num_runs": len(runs),
+        "new_tokens": sum(r.new_tokens for r in runs),
+    }
+    if ar_runs:
+        ar_ms = _median([r.decode_ms_per_token for r in ar_runs])
+        result["speedup"] = 1.0 if runs is ar_runs else _ratio(ar_ms, ms)
+        by_key = {(r.prompt_set, r.prompt_id, r.repeat): r.decode_ms_per_token for r in ar_runs}
+        paired = [
+            _ratio(by_key.get((r.prompt_set, r.prompt_id, r.repeat)), r.decode_ms_per_token)
+            for r in runs
+            if r.decode_ms_per_token
+        ]
+        result["speedup_paired"] = 1.0 if runs is ar_runs else _median(paired)
+    return result
+
+
+def profile_method(runs: list[RunRecord]) -> dict:
+    """Where decode time goes, in ms per verify step (medians would hide the split; these are means).
+
+    `target_ms` = target forwards after prefill; `draft_forward_ms` = the draft / assistant module's own
+    forward (for Domino: the backbone only; the LM-head call and the head's rollout are in `other_ms`
+    together with acceptance, cache cropping and generate's bookkeeping).
+    """
+    steps = sum(len(r.accepted) for r in runs)
+    decode = sum(r.decode_s for r in runs)
+    target = sum(r.target_decode_s for r in runs)
+    draft = sum(r.draft_decode_s for r in runs)
+    per_step = (lambda s: 1000 * s / steps) if steps else (lambda s: None)
+    return {
+        "steps": steps,
+        "decode_ms_per_step": per_step(decode),
+        "target_ms_per_step": per_step(target),
+        "draft_forward_ms_per_step": per_step(draft),
+        "other_ms_per_step": per_step(decode - target - draft),
+        "target_fraction": _ratio(target, decode),
+        "draft_forward_fraction": _ratio(draft, decode),
+        "prefill_ms_median": _median([1000 * r.prefill_s for r in runs]),
+        "target_prefill_ms_median": _median([1000 * r.target_prefill_s for r in runs]),
+    }
+
+
+def find_mismatches(runs: list[RunRecord]) -> dict[str, list[dict]]:
+    """Greedy losslessness: every run's tokens vs the first autoregressive run of the same prompt."""
+    reference = {}
+    for r in runs:
+        if r.method == AR:
+            reference.setdefault((r.prompt_set, r.prompt_id), r.output_ids)
+    out: dict[str, list[dict]] = defaultdict(list)
+    for r in runs:
+        ref = reference.get((r.prompt_set, r.prompt_id))
+        if ref is None or r.output_ids == ref:
+            continue
+        pos = next((i for i, (a, b) in enumerate(zip(ref, r.output_ids)) if a != b), min(len(ref), len(r.output_ids)))
+        out[r.method].append(
+            {
+                "set": r.prompt_set,
+                "prompt_id": r.prompt_id,
+                "repeat": r.repeat,
+                "position": pos,
+                "expected": ref[pos] if pos < len(ref) else None,
+                "got": r.output_ids[pos] if pos < len(r.output_ids) else None,
+                "expected_len": len(ref),
+                "got_len": len(r.output_ids),
+            }
+        )
+    return dict(out)
+
+
+def summarize(runs: list[RunRecord], methods: list[str], greedy: bool) -> dict:
+    """{"methods": {name: …}, "by_set": {set: {name: …}}, "profile": {name: …}, "mismatches": …}."""
+    by_method = defaultdict(list)
+    for r in runs:
+        by_method[r.method].append(r)
+    mismatches = find_mismatches(runs) if greedy else {}
+
+    def block(selected: dict[str, list[RunRecord]], scope: set[str]) -> dict:
+        ar_runs = selected.get(AR)
+        summary = {m: summarize_method(selected[m], ar_runs) for m in methods if selected.get(m)}
+        for name, values in summary.items():
+            bad = sum(x["set"] in scope for x in mismatches.get(name, []))
+            values["lossless"] = (bad == 0) if greedy else None
+            values["mismatched_runs"] = bad if greedy else None
+        return summary
+
+    sets = sorted({r.prompt_set for r in runs})
+    result = {"methods": block(by_method, set(sets))}
+    if len(sets) > 1:
+        result["by_set"] = {
+            s: block({m: [r for r in rs if r.prompt_set == s] for m, rs in by_method.items()}, {s}) for s in sets
+        }
+    result["profile"] = {m: profile_method(by_method[m]) for m in methods if by_method.get(m)}
+    result["mismatches"] = {m: found[:MAX_REPORTED_MISMATCHES] for m, found in mismatches.items()}
+    return result

