@@ -39,6 +39,11 @@ class DominoConfig(PretrainedConfig):
             GRU is then primed on the anchor and the first drafted token.
         draft_vocab_ids (`list[int]` or `None`): optional sorted sub-vocabulary (target ids) the draft may
             propose. Base logits and correction are computed over these rows only; `None` = full vocabulary.
+        draft_confidence_threshold (`float`): adaptive draft length. Drafting stops before slot j when the
+            draft's chain probability (probabilities of the tokens drafted so far × slot j's top probability;
+            the Domino head makes it a real chain probability) falls below this; 0 always proposes the whole
+            block. Verifying costs time per token, so on CPUs a threshold avoids paying for unlikely tails.
+            The stop never looks at the token slot j would draw, so sampling stays exact.
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for; a different target is reported (warning) at generation time.
     """
@@ -69,6 +74,7 @@ class DominoConfig(PretrainedConfig):
         correction_rank=256,
         pure_draft_prefix_len=1,
         draft_vocab_ids=None,
+        draft_confidence_threshold=0.0,
         target_model_type=None,
         target_name_or_path=None,
         **kwargs,
@@ -116,6 +122,7 @@ class DominoConfig(PretrainedConfig):
         self.correction_rank = correction_rank
         self.pure_draft_prefix_len = pure_draft_prefix_len
         self.draft_vocab_ids = sorted(int(i) for i in draft_vocab_ids) if draft_vocab_ids is not None else None
+        self.draft_confidence_threshold = float(draft_confidence_threshold)
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         kwargs.setdefault("tie_word_embeddings", False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 
 import torch
 import torch.nn.functional as F
@@ -71,6 +72,12 @@ class DominoTargetHead:
         self.bias = None if bias is None else bias.detach().to(self.weight.device)
         self.vocab_size = lm_head.weight.shape[0]
         self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+        self.vocab_map = None  # target id -> draft index (-1 outside the sub-vocabulary)
+        if self.draft_vocab_ids is not None:
+            self.vocab_map = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.weight.device)
+            self.vocab_map[self.draft_vocab_ids.to(self.weight.device)] = torch.arange(
+                len(self.draft_vocab_ids), device=self.weight.device
+            )
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(…,) ids -> (…, E) target input embeddings (including any scaling the target applies)."""
@@ -82,6 +89,9 @@ class DominoTargetHead:
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
+
+    def to_draft_index(self, target_ids: torch.Tensor) -> torch.Tensor:
+        return target_ids if self.vocab_map is None else self.vocab_map.to(target_ids.device)[target_ids]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids if self.draft_vocab_ids is None else self.draft_vocab_ids.to(draft_ids.device)[draft_ids]
@@ -101,6 +111,8 @@ class DominoGenerationStats:
     def __init__(self):
         self.drafted: list[int] = []
         self.accepted: list[int] = []
+        # Seconds per phase, filled when `draft.profile_timings` is set (bench --profile).
+        self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
 
     @property
     def num_steps(self) -> int:
@@ -144,6 +156,54 @@ def check_draft_fits_target(config, target) -> None:
         )
 
 
+class DominoHeadTables:
+    """What the head rollout can compute before its sequential loop, once per (draft, target) weights.
+
+    * W1 = [W1_H | W1_S]: the H-part for all slots is one matmul per step (`hidden_part`), so each sequential
+      token only adds the small S-part: W2 · SiLU(hidden_part_j + W1_S · S).
+    * GRU input gates W_ih · emb(token) of every draft-vocabulary token as a lookup table, when it fits in
+      `MAX_TABLE_BYTES` (a sub-vocabulary always does for typical sizes); else computed per token.
+    """
+
+    MAX_TABLE_BYTES = 64 * 2**20
+
+    def __init__(self, draft, head: DominoTargetHead):
+        hidden = draft.config.hidden_size
+        w1 = draft.embed_proj[0].weight  # (r, H + Hg)
+        self.w1_hidden, self.w1_state = w1[:, :hidden], w1[:, hidden:]
+        self.w2 = draft.embed_proj[2].weight  # (V', r)
+        self.w_ih = draft.prefix_gru.weight_ih_l0  # (3·Hg, E)
+        self.head = head
+        rows = head.draft_vocab_ids
+        if rows is None and head.vocab_size * self.w_ih.shape[0] * self.w_ih.element_size() <= self.MAX_TABLE_BYTES:
+            rows = torch.arange(head.vocab_size, device=self.w_ih.device)
+        self.gate_table = None if rows is None else F.linear(head.embed(rows).to(self.w_ih), self.w_ih)  # (V', 3·Hg)
+
+    @classmethod
+    def cached(cls, draft, head: DominoTargetHead) -> "DominoHeadTables":
+        """Reuse the tables while neither the draft's head nor the target embedding changed (in place)."""
+        weights = (head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights) + (id(head.draft_vocab_ids),)
+        if head.draft_vocab_ids is not None:
+            key = key[:-1] + (tuple(head.draft_vocab_ids.shape),)
+        saved = getattr(draft, "_domino_head_tables", None)
+        if saved is None or saved[0] != key:
+            saved = (key, cls(draft, head))
+            if not draft.training:
+                draft._domino_head_tables = saved
+        return saved[1]
+
+    def input_gates(self, draft_index: torch.Tensor, target_id: torch.Tensor) -> torch.Tensor:
+        """W_ih · emb(token) -> (1, 3·Hg)."""
+        if self.gate_table is not None and draft_index is not None:
+            return self.gate_table[draft_index.reshape(1)]
+        return F.linear(self.head.embed(target_id.reshape(1)).to(self.w_ih), self.w_ih)
+
+    def correction(self, hidden_part: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+        """W2 · SiLU(W1_H·H + W1_S·S) for one slot: (1, r), (1, Hg) -> (1, V')."""
+        return F.linear(F.silu(hidden_part + F.linear(state, self.w1_state)), self.w2)
+
+
 class DominoCandidateGenerator(CandidateGenerator):
     """Drafts one block per step with a Domino draft for transformers' assisted decoding (batch size 1)."""
 
@@ -178,6 +238,10 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.stats = DominoGenerationStats()
         self._pending_drafted = None
         draft.last_generation_stats = self.stats
+        # Adaptive draft length: stop proposing once the draft's own chain probability drops below this.
+        self.threshold = float(getattr(self.config, "draft_confidence_threshold", 0.0) or 0.0)
+        self.profile = bool(getattr(draft, "profile_timings", False))
+        self._sync = torch.cuda.synchronize if (self.profile and draft.device.type == "cuda") else (lambda: None)
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
@@ -203,6 +267,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         attention_mask = self._key_mask(model_kwargs, cur_len)
 
         # 2. One backbone forward over [anchor, MASK, …] and one LM-head call for all draft slots.
+        clock = self._clock()
         block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)  # (1, B)
         out = self.draft(
             block_embeds=self.head.embed(block_ids).to(device),
@@ -213,13 +278,31 @@ class DominoCandidateGenerator(CandidateGenerator):
             past_key_values=self.cache,
         )
         slot_hidden = out.last_hidden_state[0, self.slot_offset : self.slot_offset + n_draft]  # (n, H)
+        clock("backbone")
         base_logits = self.head.logits(slot_hidden)  # (n, V')
+        clock("lm_head")
 
         # 3. Sequential rollout of the Domino head.
         draft_ids, draft_logits = self._rollout(slot_hidden, base_logits, input_ids)
+        clock("head_rollout")
         self._pending_drafted = draft_ids.shape[1]
         candidate_ids = torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1)
         return candidate_ids, draft_logits
+
+    def _clock(self):
+        """A lap timer into `stats.timings` when profiling, else a no-op."""
+        if not self.profile:
+            return lambda phase: None
+        self._sync()
+        last = [time.perf_counter()]
+
+        def lap(phase):
+            self._sync()
+            now = time.perf_counter()
+            self.stats.timings[phase] += now - last[0]
+            last[0] = now
+
+        return lap
 
     def _key_mask(self, model_kwargs, cur_len):
         """Boolean (1, 1, 1, cur_len - 1 + B) key mask when the prompt has padding, else None."""
@@ -231,46 +314,68 @@ class DominoCandidateGenerator(CandidateGenerator):
         return torch.cat([context, block], dim=1)[:, None, None, :].to(self.draft.device)
 
     def _rollout(self, slot_hidden, base_logits, input_ids):
-        """Choose the draft tokens slot by slot; returns ids (1, n) and, when sampling, logits (1, n, V)."""
+        """Choose the draft tokens slot by slot; returns ids (1, n) and, when sampling, logits (1, n, V).
+
+        Slot j's logits are base_j (+ the head's correction once j ≥ pure_draft_prefix_len, from the GRU state
+        after [anchor, d_1 … d_j]). Drafting stops early at a stop criterion, or when the draft's chain
+        probability would fall below `draft_confidence_threshold` (fewer candidates: still lossless)."""
         n = base_logits.shape[0]
-        draft = self.draft
-        state = None
-        if self.use_head:
-            gru_weight_ih = draft.prefix_gru.weight_ih_l0
+        tables = DominoHeadTables.cached(self.draft, self.head) if self.use_head else None
+        if tables is not None:
+            hidden_part = F.linear(slot_hidden, tables.w1_hidden)  # (n, r): all slots in one matmul
+            anchor = input_ids[:, -1]
             state = slot_hidden.new_zeros(1, self.config.gru_hidden_dim)
-            anchor_embed = self.head.embed(input_ids[:, -1]).to(gru_weight_ih)
-            state = draft.gru_step(state, F.linear(anchor_embed, gru_weight_ih))
+            state = self.draft.gru_step(state, tables.input_gates(None, anchor))  # the anchor may be off-vocabulary
         sequence = input_ids
         chosen, processed = [], []
+        chain = 1.0
         for j in range(n):
             logits = base_logits[j : j + 1]  # (1, V')
-            if self.use_head and j >= self.config.pure_draft_prefix_len:
-                logits = logits + draft.correction(slot_hidden[j : j + 1], state).float()
-            token, full_logits = self._choose(logits, sequence)
-            sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
-            if self.extra_stopping and any(bool(c(sequence, None).any()) for c in self.extra_stopping):
-                break  # never draft past a stop: the target's own bonus token must be the one that stops
+            if tables is not None and j >= self.config.pure_draft_prefix_len:
+                logits = logits + tables.correction(hidden_part[j : j + 1], state).float()
+            full_logits = self._process(logits, sequence)
+            if self.threshold > 0.0:
+                # Decide on this slot from its distribution only, never from the token it will draw: a
+                # stop that depended on the drawn token would bias speculative sampling.
+                probs = (full_logits if full_logits is not None else logits).softmax(dim=-1)
+                if chain * float(probs.max()) < self.threshold:
+                    break
+            token, index = self._pick(logits, full_logits)
+            if self.threshold > 0.0:
+                chain *= float(probs[0, index if full_logits is None else token].squeeze())
+            if self.extra_stopping:
+                sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
+                if any(bool(c(sequence, None).any()) for c in self.extra_stopping):  # as transformers calls them
+                    break  # never draft past a stop: the target's own bonus token must be the one that stops
+            elif self.logits_processor:
+                sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
             chosen.append(token)
             processed.append(full_logits)
-            if self.use_head and j + 1 < n:
-                token_embed = self.head.embed(token[0]).to(gru_weight_ih)
-                state = draft.gru_step(state, F.linear(token_embed, gru_weight_ih))
+            if tables is not None and j + 1 < n:
+                state = self.draft.gru_step(state, tables.input_gates(index, token))
         if not chosen:
             return input_ids.new_zeros(1, 0), None
         draft_ids = torch.cat(chosen, dim=1)
         draft_logits = torch.stack([p[0] for p in processed])[None] if self.return_logits else None
         return draft_ids, draft_logits
 
-    def _choose(self, logits, sequence):
-        """Apply the target's logits processors to the draft's (corrected) logits, then argmax or sample."""
+    def _process(self, logits, sequence):
+        """The target's logits processors applied to the draft's (corrected) logits, at full vocabulary width;
+        None on the plain greedy path, where nothing needs them."""
         if not (self.logits_processor or self.return_logits):
-            return self.head.to_target_ids(logits.argmax(dim=-1, keepdim=True)), None
-        full = self.logits_processor(sequence, self.head.to_full_vocab(logits))  # (1, V)
+            return None
+        return self.logits_processor(sequence, self.head.to_full_vocab(logits))  # (1, V)
+
+    def _pick(self, logits, full_logits):
+        """Argmax or sample; returns the target id (1, 1) and its draft-vocabulary index (1, 1)."""
+        if full_logits is None:
+            index = logits.argmax(dim=-1, keepdim=True)
+            return self.head.to_target_ids(index), index
         if self.do_sample:
-            token = torch.multinomial(full.softmax(dim=-1), num_samples=1)
+            token = torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
         else:
-            token = full.argmax(dim=-1, keepdim=True)
-        return token, full
+            token = full_logits.argmax(dim=-1, keepdim=True)
+        return token, self.head.to_draft_index(token)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._pending_drafted is not None:

@@ -111,9 +111,11 @@ def test_block_longer_than_generation():
 # ---------------------------------------------------------------------------------- head, shift, vocabulary
 def test_head_on_and_off(fitted_pair, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
+    from domino_hf.modeling.generation_domino import DominoHeadTables
+
     calls = []
-    original = type(draft).correction
-    monkeypatch.setattr(type(draft), "correction", lambda self, *a: calls.append(1) or original(self, *a))
+    original = DominoHeadTables.correction
+    monkeypatch.setattr(DominoHeadTables, "correction", lambda self, *a: calls.append(1) or original(self, *a))
     _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=16)
     assert calls and stats.tau > 1
     calls.clear()
@@ -292,3 +294,50 @@ def test_left_padded_prompt_and_dict_output_with_hidden_states(fitted_pair):
     for ours, theirs in zip(output.hidden_states, reference.hidden_states):
         assert len(ours) == len(theirs) == target.config.num_hidden_layers + 1
         torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("table_bytes", [0, 64 * 2**20])
+@pytest.mark.parametrize("subvocab", [False, True])
+def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, table_bytes, subvocab):
+    """The rollout (split W1, gate lookup table, one GRU step per token) gives exactly the logits of the
+    plain path the trainer uses: GRU over [anchor, d_1 …] from zero, then W2·SiLU(W1·[H ; S])."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    from domino_hf.modeling.generation_domino import DominoCandidateGenerator, DominoHeadTables
+
+    monkeypatch.setattr(DominoHeadTables, "MAX_TABLE_BYTES", table_bytes)
+    import copy
+
+    target, shared_draft, prompts = fitted_pair("llama")
+    draft = copy.deepcopy(shared_draft)  # the fitted pair is shared by other tests
+    if subvocab:
+        draft.config.draft_vocab_ids = list(range(0, target.config.vocab_size, 2))
+        draft.embed_proj[2] = torch.nn.Linear(draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False)
+    draft._domino_head_tables = None
+    config = GenerationConfig(do_sample=True, max_length=64)
+    generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0])
+    n = draft.config.num_draft_tokens
+    torch.manual_seed(0)
+    slot_hidden = torch.randn(n, draft.config.hidden_size)
+    with torch.no_grad():
+        base = generator.head.logits(slot_hidden)
+        ids, logits = generator._rollout(slot_hidden, base, prompts[0])
+        realised = torch.cat([prompts[0][0, -1:], ids[0, :-1]])  # [anchor, d_1 … d_{n-1}]
+        states = draft.causal_states(generator.head.embed(realised)[None])[0]  # (n, Hg)
+        expected = base + draft.correction(slot_hidden, states).float()
+        expected[: draft.config.pure_draft_prefix_len] = base[: draft.config.pure_draft_prefix_len]
+    assert ids.shape[1] == n
+    assert torch.allclose(logits[0], generator.head.to_full_vocab(expected), atol=1e-5)
+
+
+def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_pair, monkeypatch):
+    target, draft, prompts = fitted_pair("llama")
+    full = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
+    monkeypatch.setattr(draft.config, "draft_confidence_threshold", 0.6)
+    short = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
+    n = draft.config.num_draft_tokens
+    assert all(max(s.drafted) == n for s in full)
+    assert any(d < n for s in short for d in s.drafted)
+    rate = lambda stats: sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
+    assert rate(short) >= rate(full)  # the tail it skips is the unlikely part

@@ -146,6 +146,14 @@ def test_sampling_with_draft_is_lossless(target, fitted_draft, warping, draft_vo
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList(warpers))) > P_MIN
 
 
+def test_adaptive_draft_length_keeps_sampling_exact(target, fitted_draft, monkeypatch):
+    """Stopping the draft on its own chain probability depends only on draft-side values: still exact."""
+    monkeypatch.setattr(fitted_draft.config, "draft_confidence_threshold", 0.3)
+    counts, drafted, accepted = sample(target, 700, seed=2, assistant_model=fitted_draft)
+    assert 0 < accepted < drafted
+    assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN
+
+
 def test_wrong_q_is_caught(target, monkeypatch):
     """Teeth: drafting from the draft's q but handing transformers a uniform q breaks the distribution, and the
     chi-square check above notices with few samples."""
