@@ -60,7 +60,13 @@ def init_from_target_layers(draft: DominoDraftModel, target) -> int:
 
 
 def build_draft(target, tokenizer, config_path=None, init="random", **overrides) -> DominoDraftModel:
-    """A fresh draft for `target`: from a config JSON (e.g. `hub_configs/…json`) or derived from the target."""
+    """A fresh draft for `target`: from a config JSON (e.g. `hub_configs/…json`) or derived from the target.
+    `init="from:<draft folder>"` continues from an existing draft instead (same architecture, e.g. a second
+    training stage on more data)."""
+    if init.startswith("from:"):
+        draft = DominoDraftModel.from_pretrained(init[len("from:") :], dtype=torch.float32)
+        logger.info("Continuing from the draft in %s", init[len("from:") :])
+        return draft
     if config_path:
         with open(config_path, encoding="utf-8") as handle:
             fields = json.load(handle)
@@ -153,7 +159,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
     draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
-    draft.add_argument("--init", choices=["random", "target-layers"], default="random", help="Draft layer initialisation (random measured better, see README).")
+    draft.add_argument("--init", default="random", help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to continue from a trained draft.")
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
     recipe.add_argument("--epochs", type=float, default=3.0, help="Passes over the data (paper: 3–6).")

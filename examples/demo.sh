@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The README's main job on a fresh machine: set up a venv (offline-capable), then benchmark the shipped
+# SmolLM2-135M-Instruct draft against plain decoding, prompt lookup and DFlash-mode drafting.
+# Extra arguments go to `domino bench` (e.g. --num-prompts 20 --prompts humaneval,mt_bench,alpaca).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ ! -x .venv/bin/domino ]; then
+  python3 -m venv .venv
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q torch==2.13.0          # CPU build from local disk (a plain `torch` pulls CUDA)
+  .venv/bin/pip install -q -e ".[offline,bench]"
+fi
+exec .venv/bin/domino bench "$@"
