@@ -74,10 +74,24 @@ def test_published_checkpoint_loaded_without_remote_code(tmp_path):
 
 
 def test_our_checkpoint_loaded_without_remote_code(tmp_path):
-    """Our format has no built-in model type: transformers itself refuses and asks for `trust_remote_code=True`."""
+    """Without domino_hf, our model type is unknown to transformers, which refuses and asks for
+    `trust_remote_code=True`; with domino_hf imported, `domino_draft` is registered and loads directly."""
+    import subprocess
+    import sys
+
     make_tiny_draft(make_tiny_target("llama")).save_pretrained(tmp_path)
-    with pytest.raises(ValueError, match=r"trust_remote_code=True"):
-        AutoModel.from_pretrained(tmp_path, trust_remote_code=False)
+    assert type(AutoModel.from_pretrained(tmp_path)).__name__ == "DominoDraftModel"
+    script = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'domino_hf': raise ImportError('blocked')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from transformers import AutoModel\n"
+        f"AutoModel.from_pretrained({str(tmp_path)!r}, trust_remote_code=False)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode != 0 and "trust_remote_code=True" in result.stderr
 
 
 def test_installing_the_hook_twice_is_harmless(pair):
@@ -126,3 +140,15 @@ def test_prompt_lookup_is_untouched(pair, stock_generators):
     output = target.generate(ids, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3)
     assert output.tolist() == reference.tolist()
     assert stock_generators == [PromptLookupCandidateGenerator]
+
+
+def test_unsupported_transformers_version_fails_clearly(monkeypatch):
+    import transformers
+    from transformers.generation.utils import GenerationMixin
+
+    from domino_hf.modeling.generation_domino import install_generate_hook
+
+    monkeypatch.delattr(GenerationMixin, "_domino_hook_installed")
+    monkeypatch.setattr(transformers, "__version__", "5.22.1")
+    with pytest.raises(ImportError, match=r"transformers>=5\.23.*pip install -U"):
+        install_generate_hook()
