@@ -73,9 +73,53 @@ def test_runner_reports_every_field(greedy_result):
     assert set(greedy_result["by_set"]) == {"chat", "code"}
     for block in greedy_result["by_set"].values():
         assert block["autoregressive"]["speedup"] == 1.0 and block["autoregressive"]["tau"] == 1.0
-    assert set(greedy_result["profile"]) == set(ALL)
-    assert greedy_result["profile"]["domino"]["draft_forward_ms_per_step"] > 0
     assert greedy_result["mismatches"] == {}
+
+
+def test_profile_splits_every_step(greedy_result):
+    """Issue 5's per-step profile on CPU (on by default): every phase per method, the draft phases only
+    where a draft ran, parts that add up to the step time, the ratios."""
+    from domino_hf.bench.instrument import DRAFT_PHASES, PHASES
+
+    profile = greedy_result["profile"]
+    assert greedy_result["config"]["profile"] is True
+    assert list(profile) == list(ALL)
+    for name, p in profile.items():
+        ms = p["ms_per_step"]
+        assert set(ms) == set(PHASES), name
+        assert all(v >= 0.0 for v in ms.values()), (name, ms)
+        assert ms["target_verify"] > 0 and p["steps"] == greedy_result["methods"][name]["num_steps"]
+        assert p["draft_ms"] == pytest.approx(sum(ms[k] for k in DRAFT_PHASES))
+        assert sum(ms.values()) == pytest.approx(p["step_ms"], rel=1e-6) or ms["loop_overhead"] == 0.0
+        assert set(p["ratios"]) == {"draft_to_verify", "head_rollout_to_draft", "loop_overhead_to_step"}
+        assert 0.0 <= p["ratios"]["loop_overhead_to_step"] <= 1.0
+    for name in ("dflash", "domino"):
+        ms, ratios = profile[name]["ms_per_step"], profile[name]["ratios"]
+        assert ms["backbone"] > 0 and ms["lm_head"] > 0 and ms["head_rollout"] > 0 and ms["draft_other"] == 0
+        assert ratios["draft_to_verify"] > 0 and 0 < ratios["head_rollout_to_draft"] < 1
+    assert profile["assisted"]["ms_per_step"]["draft_other"] > 0
+    assert profile["assisted"]["ms_per_step"]["backbone"] == 0 and profile["assisted"]["ratios"]["draft_to_verify"] > 0
+    assert profile["assisted"]["ratios"]["head_rollout_to_draft"] is None
+    for name in ("autoregressive", "prompt_lookup"):  # no draft model: only target verify + loop overhead
+        ms = profile[name]["ms_per_step"]
+        assert all(ms[k] == 0.0 for k in DRAFT_PHASES), (name, ms)
+        assert profile[name]["ratios"]["draft_to_verify"] is None
+    run = next(r for r in greedy_result["runs"] if r["method"] == "domino")
+    assert set(run["phase_ms"]) == set(PHASES) and run["phase_ms"]["backbone"] > 0
+
+
+def test_profile_off_leaves_no_trace(bench_models):
+    """--no-profile: no `profile` section, no per-run phases, the draft's switch untouched; auto = off on CUDA."""
+    target, draft, _, prompts, _ = bench_models
+    config = BenchConfig(
+        methods=("autoregressive", "domino"), max_new_tokens=4, warmup=0, profile=False, progress=False
+    )
+    result = run_benchmark(target, prompts[:1], config, draft=draft)
+    assert "profile" not in result and result["config"]["profile"] is False
+    assert all("phase_ms" not in r for r in result["runs"])
+    assert "profile_timings" not in draft.__dict__
+    assert runner.resolve_profile(None, torch.device("cuda")) is False
+    assert runner.resolve_profile(None, torch.device("cpu")) is True
 
 
 def test_draft_stats_match_target_forward_counts(greedy_result):
@@ -88,9 +132,10 @@ def test_draft_stats_match_target_forward_counts(greedy_result):
         assert all(0 <= a <= d for a, d in zip(r["accepted"], r["drafted"]))
 
 
-def test_dflash_switch_is_restored(bench_models, greedy_result):
+def test_dflash_and_profile_switches_are_restored(bench_models, greedy_result):
     draft = bench_models[1]
     assert draft.config.use_domino_head is True
+    assert "profile_timings" not in draft.__dict__
 
 
 def test_stats_helpers_on_a_hand_example():
@@ -153,7 +198,8 @@ def test_report_files(greedy_result, tmp_path):
     assert data["methods"]["domino"]["lossless"] is True
     text = paths["markdown"].read_text()
     assert "| method | τ | speedup" in text and "| domino |" in text
-    for kind in ("acceptance_histogram", "per_position_acceptance", "speedup"):
+    assert "## Where a verify step's time goes" in text and "| domino |" in text.split("time goes")[1]
+    for kind in ("acceptance_histogram", "per_position_acceptance", "speedup", "profile"):
         assert paths[kind].suffix == ".png" and paths[kind].stat().st_size > 1000
 
 
@@ -229,9 +275,13 @@ def _parse(argv):
 
 def test_cli_help_and_defaults():
     args = _parse([])
-    assert args.target == "smollm2" and args.prompts == ["humaneval", "mt_bench"] and args.num_prompts == 20
+    assert args.target == "smollm2" and args.prompts == ["humaneval", "mt_bench"] and args.num_prompts == 10
     assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "docs/bench"
+    assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
+    assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True
+    assert bench_cli.cpu_cores() >= 1
     assert bench_cli.choose_methods(None, None) == ["autoregressive", "prompt_lookup", "dflash", "domino"]
+    assert "assisted" in bench_cli.choose_methods(None, "some/assistant")
     with pytest.raises(SystemExit):
         _parse(["--help"])
 
@@ -241,6 +291,17 @@ def test_cli_missing_default_draft_is_a_clear_error(monkeypatch, tmp_path, caplo
     with caplog.at_level(logging.ERROR):
         assert bench_cli.run(_parse(["--methods", "domino"])) == 2
     assert "drafts/smollm2-135m-instruct-domino" in caplog.text and "--draft" in caplog.text
+
+
+def test_cli_default_draft_does_not_depend_on_the_working_directory(monkeypatch, tmp_path):
+    from domino_hf.utils import project_root
+
+    assert (project_root() / "pyproject.toml").is_file()
+    root = tmp_path / "checkout"
+    (root / bench_cli.DEFAULT_DRAFT).mkdir(parents=True)
+    monkeypatch.setattr(bench_cli, "project_root", lambda: root)
+    monkeypatch.chdir(tmp_path)
+    assert bench_cli.resolve_draft(None) == str(root / bench_cli.DEFAULT_DRAFT)
 
 
 def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
@@ -255,11 +316,12 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     monkeypatch.setattr(bench_cli, "load_target", lambda name, dtype, device: (target, tiny_tokenizer))
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
-            "--out", str(tmp_path / "out")]
+            "--out", str(tmp_path / "out"), "--threads", "1"]
     assert bench_cli.run(_parse(argv)) == 0
     assert "| domino |" in capsys.readouterr().out
-    assert json.loads((tmp_path / "out" / "bench.json").read_text())["config"]["prompt_sets"] == {"prompts": 2}
-    assert (tmp_path / "out" / "bench_speedup.png").exists()
+    config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]
+    assert config["prompt_sets"] == {"prompts": 2} and config["threads"] == 1 and config["profile"] is True
+    assert (tmp_path / "out" / "bench_speedup.png").exists() and (tmp_path / "out" / "bench_profile.png").exists()
 
     _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)
     argv[argv.index("--methods") + 1] = "autoregressive,domino"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 from ..utils import project_root
@@ -32,11 +33,13 @@ All methods run in one process on the same loaded target, interleaved prompt by 
 Reported per method (and per prompt set): τ (tokens per target forward, bonus included), per-position
 acceptance, the acceptance-length histogram, decode speedup vs autoregressive (prefill excluded, medians
 over prompts × repeats), end-to-end tokens/s, and a token-by-token lossless check of greedy outputs.
-Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the table."""
+With --profile (the default on CPU), each verify step's time split into target verify, draft backbone,
+base LM head, head rollout and loop overhead.
+Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables."""
 
 EPILOG = """\
 examples:
-  domino bench                                        # 20 HumanEval + 20 MT-Bench prompts, greedy
+  domino bench                                        # 10 HumanEval + 10 MT-Bench prompts, greedy
   domino bench --prompts alpaca,qa --num-prompts 10 --repeats 3
   domino bench --temperature 1.0 --seed 0             # sampling (lossless check n/a)
   domino bench --draft me/smollm2-domino --methods autoregressive,domino
@@ -91,8 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         type=_csv,
         default=None,
-        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino (default: all that can "
-        "run)",
+        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino (default: "
+        "autoregressive,prompt_lookup,dflash,domino, + assisted with --assistant)",
     )
     run.add_argument(
         "--prompts",
@@ -101,7 +104,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=["humaneval", "mt_bench"],
         help="comma-separated prompt sets or JSONL paths (default: humaneval,mt_bench)",
     )
-    run.add_argument("--num-prompts", metavar="N", type=int, default=20, help="prompts per set (default: %(default)s)")
+    # Defaults sized so that plain `domino bench` (SmolLM2-135M, 4 methods) finishes in minutes on 2 CPU cores.
+    run.add_argument("--num-prompts", metavar="N", type=int, default=10, help="prompts per set (default: %(default)s)")
     run.add_argument(
         "--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
     )
@@ -151,8 +155,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         type=int,
         default=None,
-        help="torch intra-op threads (default: torch's choice). On a machine shared with other jobs, fewer "
-        "threads than cores gives steadier timings",
+        help="torch intra-op threads, recorded in the JSON config (default: the CPU cores this process may use). "
+        "On a machine shared with other jobs, fewer threads than cores gives steadier timings",
+    )
+    run.add_argument(
+        "--profile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="per-step time split (target verify, backbone, LM head, head rollout, loop overhead) as a table and "
+        "<name>_profile.png (default: on for CPU; off on CUDA, where it synchronises the device around every "
+        "timed phase and so slows the speed it reports)",
     )
 
     task = parser.add_argument_group("HumanEval pass@1 at T > 0 (opt-in, slow)")
@@ -297,6 +309,14 @@ def load_target(name: str, dtype, device):
     return _load(name, dtype=dtype, device=device)
 
 
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask), which can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -312,12 +332,12 @@ def _run(args: argparse.Namespace) -> int:
     from .runner import run_benchmark
 
     dtype = getattr(torch, args.dtype)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     methods = choose_methods(args.methods, args.assistant)
     needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
     draft_name = resolve_draft(args.draft) if needs_draft else None
+    threads = args.threads or cpu_cores()  # after the argument checks: a usage error changes nothing
+    torch.set_num_threads(threads)
     if args.dtype != "float32" and args.temperature <= 0:
         logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
 
@@ -333,6 +353,7 @@ def _run(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         seed=args.seed,
         prompt_lookup_tokens=args.prompt_lookup_tokens,
+        profile=args.profile,
         progress=not args.no_progress,
         extra={
             "target": args.target,
@@ -342,6 +363,7 @@ def _run(args: argparse.Namespace) -> int:
             "device": device,
             "sources": args.prompts,
             "system": args.system,
+            "threads": threads,
         },
     )
     result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)

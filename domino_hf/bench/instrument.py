@@ -11,6 +11,9 @@ a classic assistant and Domino, so τ, acceptance and timings are counted the sa
   and records the query length and wall time of each call. For the target, call 0 is the prefill and
   every later call is one verify step whose input is `[last token, candidates…]`, so
   `drafted = length - 1`; the matching streamer chunk holds `accepted + 1` tokens.
+
+The per-step profile (`RunRecord.phase_seconds`) adds what a Domino draft times itself (backbone, base LM
+head, head rollout: `draft.last_generation_stats.timings`); whatever no probe covers is `loop_overhead`.
 """
 
 from __future__ import annotations
@@ -110,12 +113,18 @@ class ForwardProbe:
         self._handles = []
 
 
+PHASES = ("target_verify", "backbone", "lm_head", "head_rollout", "draft_other", "loop_overhead")
+DRAFT_PHASES = ("backbone", "lm_head", "head_rollout", "draft_other")
+
+
 @dataclass
 class RunRecord:
     """One timed `generate` call of one method on one prompt. All times in seconds.
 
     `drafted[i]` / `accepted[i]` describe verify step i (prefill excluded): draft tokens proposed and draft
     tokens accepted (the bonus token is not counted, so a step produces `accepted + 1` tokens).
+    `draft_decode_s` is the probed assistant's forward time (the `assisted` method); `draft_phases` holds
+    a Domino draft's own per-phase seconds when it was profiling (`profiled`).
     """
 
     method: str
@@ -134,6 +143,8 @@ class RunRecord:
     target_decode_s: float
     draft_decode_s: float
     tau_from_stats: float | None = None
+    draft_phases: dict[str, float] = field(default_factory=dict)
+    profiled: bool = False
 
     @property
     def new_tokens(self) -> int:
@@ -148,9 +159,20 @@ class RunRecord:
     def decode_ms_per_token(self) -> float | None:
         return 1000.0 * self.decode_s / self.decode_tokens if self.decode_tokens > 0 else None
 
+    def phase_seconds(self) -> dict[str, float]:
+        """Decode time split into `PHASES`; `loop_overhead` is the unclamped rest (timer noise can make it
+        slightly negative on a very short run)."""
+        parts = dict.fromkeys(PHASES, 0.0)
+        parts["target_verify"] = self.target_decode_s
+        parts["draft_other"] = self.draft_decode_s
+        for phase in ("backbone", "lm_head", "head_rollout"):
+            parts[phase] = self.draft_phases.get(phase, 0.0)
+        parts["loop_overhead"] = self.decode_s - sum(parts.values())
+        return parts
+
     def summary(self) -> dict:
         """JSON-friendly view without the token ids."""
-        return {
+        record = {
             "method": self.method,
             "set": self.prompt_set,
             "prompt_id": self.prompt_id,
@@ -166,6 +188,9 @@ class RunRecord:
             "decode_ms": round(1000 * self.decode_s, 3),
             "decode_ms_per_token": self.decode_ms_per_token,
         }
+        if self.profiled:
+            record["phase_ms"] = {k: round(1000 * v, 3) for k, v in self.phase_seconds().items()}
+        return record
 
 
 def steps_from_probe(target_calls: list[ForwardCall], chunk_sizes: list[int]) -> tuple[list[int], list[int]]:

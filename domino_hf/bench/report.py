@@ -8,10 +8,14 @@ JSON schema (top level):
   lossless, mismatched_runs, per_position_acceptance, per_position_drafted, histogram,
   mean_drafted_per_step, num_steps, num_runs, new_tokens}}. `lossless` is null when sampling.
 * `by_set`: the same per prompt set (only when several sets ran; speedups against that set's baseline).
-* `profile`: {method: {decode/target/draft_forward/other ms per step, fractions, prefill medians}}.
+* `profile` (when profiling; `config.profile` says whether it was on): {method: {steps, runs, step_ms,
+  draft_ms, ms_per_step: {target_verify, backbone, lm_head, head_rollout, draft_other, loop_overhead},
+  ratios: {draft_to_verify, head_rollout_to_draft, loop_overhead_to_step}, prefill_ms_median,
+  target_prefill_ms_median}}; ms per verify step, pooled means (definitions: `stats.profile_method`).
 * `mismatches`: {method: [first greedy differences vs autoregressive]}.
 * `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
-* `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings).
+* `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings, and `phase_ms`
+  when profiling).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+
+from .instrument import PHASES
 
 logger = logging.getLogger(__name__)
 
@@ -63,12 +69,35 @@ def by_set_table(by_set: dict) -> str:
     return _table(["set", *methods], rows)
 
 
+PHASE_LABELS = {
+    "target_verify": "target verify",
+    "backbone": "backbone",
+    "lm_head": "LM head",
+    "head_rollout": "head rollout",
+    "draft_other": "assistant",
+    "loop_overhead": "loop overhead",
+}
+
+
 def profile_table(profile: dict) -> str:
-    keys = ("decode_ms_per_step", "target_ms_per_step", "draft_forward_ms_per_step", "other_ms_per_step")
-    header = ["method", "decode ms/step", "target ms/step", "draft forward ms/step", "other ms/step", "prefill ms"]
-    rows = [
-        [name] + [_fmt(p[k], "{:.1f}") for k in (*keys, "prefill_ms_median")] for name, p in profile.items()
+    header = [
+        "method",
+        "step ms",
+        *PHASE_LABELS.values(),
+        "draft ÷ verify",
+        "rollout ÷ draft",
+        "overhead ÷ step",
+        "prefill ms",
     ]
+    rows = []
+    for name, p in profile.items():
+        r = p["ratios"]
+        rows.append(
+            [name, _fmt(p["step_ms"])]
+            + [_fmt(p["ms_per_step"][k]) for k in PHASES]
+            + [_fmt(r["draft_to_verify"]), _fmt(r["head_rollout_to_draft"], "{:.0%}")]
+            + [_fmt(r["loop_overhead_to_step"], "{:.0%}"), _fmt(p["prefill_ms_median"], "{:.1f}")]
+        )
     return _table(header, rows)
 
 
@@ -107,7 +136,17 @@ def markdown(result: dict) -> str:
     if result.get("by_set"):
         parts += ["", "## Per prompt set (speedup / τ)", "", by_set_table(result["by_set"])]
     if result.get("profile"):
-        parts += ["", "## Where decode time goes", "", profile_table(result["profile"])]
+        parts += [
+            "",
+            "## Where a verify step's time goes (ms per step)",
+            "",
+            "Means per verify step pooled over all runs; draft = backbone + LM head + head rollout (+ assistant); "
+            "loop overhead = everything no probe covers (transformers' loop, logits processing, Python).",
+            "",
+            profile_table(result["profile"]),
+        ]
+    elif config.get("profile") is False:
+        parts += ["", "Per-step profile off (it synchronises CUDA); run with `--profile` for it."]
     if result.get("humaneval_pass1"):
         parts += ["", "## HumanEval pass@1 (sampling)", "", pass1_table(result["humaneval_pass1"])]
     bad = [m for m, v in result["methods"].items() if v["lossless"] is False]
@@ -117,7 +156,8 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
-    """Acceptance-length histogram, per-position acceptance and speedup bars (matplotlib, Agg)."""
+    """Acceptance-length histogram, per-position acceptance, speedup bars and, when profiled, the per-step
+    time split (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -165,7 +205,31 @@ def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
     ax.set_xticks(range(len(names)), names, rotation=15)
     ax.set(ylabel="decode speedup vs autoregressive (×)")
     written.append(_save(fig, ax, "Speedup (prefill excluded)", len(groups) > 1, out_dir / f"{stem}_speedup.png"))
+    if result.get("profile"):
+        written.append(plot_profile(result["profile"], out_dir / f"{stem}_profile.png"))
     return written
+
+
+def plot_profile(profile: dict, path: Path) -> Path:
+    """One stacked bar per method: ms per verify step by phase (phases that are 0 everywhere are left out)."""
+    import matplotlib.pyplot as plt
+
+    names = list(profile)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    bottom = [0.0] * len(names)
+    for phase in PHASES:
+        values = [profile[n]["ms_per_step"][phase] or 0.0 for n in names]
+        if not any(values):
+            continue
+        ax.bar(names, values, bottom=bottom, label=PHASE_LABELS[phase])
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for i, n in enumerate(names):
+        step = profile[n]["step_ms"]
+        if step is not None:
+            ax.annotate(f"{step:.1f} ms", (i, bottom[i]), ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(names)), names, rotation=15)
+    ax.set(ylabel="ms per verify step")
+    return _save(fig, ax, "Where a verify step's time goes", True, path)
 
 
 def _save(fig, ax, title: str, legend: bool, path: Path) -> Path:

@@ -10,6 +10,11 @@ Sampling runs reseed torch with the same seed for every method of a given (promp
 target are then comparable, though a drafting method consumes extra random numbers, so sampled outputs
 differ between methods by design. Greedy outputs must be identical to autoregressive decoding token by
 token; any difference is reported as `lossless: false`.
+
+Profiling (`BenchConfig.profile`, the per-step time split of `stats.profile_method`) must not change the
+speed it measures. On CPU it costs a few `perf_counter` calls per step, so it is on by default. On CUDA every
+timed phase has to synchronise the device, which removes the CPU/GPU overlap that the speed numbers include,
+so there it is off unless asked for, and then the forward probes do not synchronise either.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ class BenchConfig:
     warmup: int = 1
     seed: int = 0
     prompt_lookup_tokens: int = 10
+    profile: bool | None = None  # per-step time split; None = on for CPU, off for CUDA (see the module doc)
     progress: bool = True
     extra: dict = field(default_factory=dict)  # recorded verbatim in the JSON `config` (names, paths, …)
 
@@ -93,6 +99,10 @@ class Method:
         """(drafted, accepted) per step as the drafter itself recorded them, when it does."""
         return None
 
+    def phase_timings(self) -> dict[str, float] | None:
+        """Seconds per drafting phase as the drafter timed them (backbone, lm_head, head_rollout), if it did."""
+        return None
+
 
 class Autoregressive(Method):
     name = AR
@@ -109,6 +119,8 @@ class PromptLookup(Method):
 
 
 class Assisted(Method):
+    """A classic assistant: its forwards (probed from outside) are its draft time, `draft_other`."""
+
     name = "assisted"
 
     def __init__(self, assistant):
@@ -119,11 +131,16 @@ class Assisted(Method):
 
 
 class DominoMethod(Method):
-    """`domino` (head on) or `dflash` (the same checkpoint with `config.use_domino_head = False`)."""
+    """`domino` (head on) or `dflash` (the same checkpoint with `config.use_domino_head = False`).
 
-    def __init__(self, draft, use_head: bool):
+    With `profile`, the draft times its own phases (`draft.profile_timings`); both switches are restored
+    after every call, so the caller's draft leaves the benchmark as it came in.
+    """
+
+    def __init__(self, draft, use_head: bool, profile: bool = False):
         self.drafter = draft
         self.use_head = use_head
+        self.profile = profile
         self.name = "domino" if use_head else "dflash"
 
     def generate_kwargs(self):
@@ -133,19 +150,32 @@ class DominoMethod(Method):
     def active(self):
         config = self.drafter.config
         saved = config.use_domino_head
+        saved_profile = self.drafter.__dict__.get("profile_timings")  # None: never set on this instance
         config.use_domino_head = self.use_head
+        self.drafter.profile_timings = self.profile
         self.drafter.last_generation_stats = None
         try:
             yield
         finally:
             config.use_domino_head = saved
+            if saved_profile is None:
+                del self.drafter.profile_timings
+            else:
+                self.drafter.profile_timings = saved_profile
 
     def steps_from_stats(self):
         stats = getattr(self.drafter, "last_generation_stats", None)
         return None if stats is None else (list(stats.drafted), list(stats.accepted))
 
+    def phase_timings(self):
+        stats = getattr(self.drafter, "last_generation_stats", None)
+        timings = getattr(stats, "timings", None)
+        return dict(timings) if self.profile and timings is not None else None
 
-def build_methods(names, draft=None, assistant=None, prompt_lookup_tokens: int = 10) -> list[Method]:
+
+def build_methods(
+    names, draft=None, assistant=None, prompt_lookup_tokens: int = 10, profile: bool = False
+) -> list[Method]:
     """Instantiate the requested methods; raise a ValueError naming what is missing for one that can't run."""
     unknown = [n for n in names if n not in ALL_METHODS]
     if unknown:
@@ -168,7 +198,7 @@ def build_methods(names, draft=None, assistant=None, prompt_lookup_tokens: int =
                     "Method 'domino' needs a draft with a Domino head; this checkpoint has none (a DFlash "
                     "draft?). Benchmark it as 'dflash'."
                 )
-            methods.append(DominoMethod(draft, use_head=name == "domino"))
+            methods.append(DominoMethod(draft, use_head=name == "domino", profile=profile))
     if AR not in names:
         logger.warning("No 'autoregressive' baseline: speedups and the lossless check are unavailable.")
     return methods
@@ -193,8 +223,14 @@ def make_generation_config(target, max_new_tokens: int, temperature: float) -> G
 
 # ------------------------------------------------------------------------------------------------ running
 class _Probes:
-    def __init__(self, target, drafters):
-        sync = target.device.type == "cuda"
+    """Forward probes on the target and on assistants (a Domino draft times its own phases instead).
+
+    They synchronise CUDA only when profiling: the step counts they give need no synchronisation.
+    """
+
+    def __init__(self, target, drafters, profile: bool):
+        self.profile = profile
+        sync = profile and target.device.type == "cuda"
         self.target = ForwardProbe(target, synchronize=sync)
         self.drafters = {id(m): ForwardProbe(m, synchronize=sync) for m in drafters if m is not None}
 
@@ -221,6 +257,7 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         output = method.generate(target, input_ids, generation_config, streamer)
         t1 = time.perf_counter()
         stats_steps = method.steps_from_stats()
+        phases = method.phase_timings()
     output_ids = output[0, input_ids.shape[1] :].tolist()
     chunks = streamer.chunks
     t_first = chunks[0][0] if chunks else t1
@@ -257,6 +294,8 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         target_decode_s=sum(c.end - c.start for c in calls[1:]),
         draft_decode_s=draft_probe.time_between(t_first, t_last) if draft_probe else 0.0,
         tau_from_stats=tau_from_stats,
+        draft_phases=phases or {},
+        profiled=probes.profile,
     )
 
 
@@ -280,13 +319,15 @@ def environment() -> dict:
 def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft=None, assistant=None) -> dict:
     """Run every method of `config` on every prompt; return the JSON-ready result (see `report.py`).
 
-    Keys: `config`, `methods`, `by_set` (when several prompt sets), `profile`, `mismatches`, `runs`.
+    Keys: `config`, `methods`, `by_set` (when several prompt sets), `profile` (when profiling), `mismatches`,
+    `runs`.
     """
     if not prompts:
         raise ValueError("No prompts to benchmark.")
-    methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens)
+    profile = resolve_profile(config.profile, target.device)
+    methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens, profile)
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
-    probes = _Probes(target, [draft, assistant])
+    probes = _Probes(target, [assistant], profile)
     runs: list[RunRecord] = []
     total = len(methods) * (len(prompts) * config.repeats)
     try:
@@ -309,7 +350,7 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
         probes.remove()
 
     names = [m.name for m in methods]
-    result = {"config": _config_record(config, prompts), **summarize(runs, names, config.greedy)}
+    result = {"config": _config_record(config, prompts, profile), **summarize(runs, names, config.greedy, profile)}
     result["runs"] = [r.summary() for r in runs]
     for name, found in result["mismatches"].items():
         first = found[0]
@@ -327,8 +368,21 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
     return result
 
 
-def _config_record(config: BenchConfig, prompts: list[BenchPrompt]) -> dict:
+def resolve_profile(profile: bool | None, device: torch.device) -> bool:
+    """`None` (auto): profile on CPU, where it costs nothing measurable; not on CUDA, where it synchronises."""
+    if profile is None:
+        return device.type != "cuda"
+    if profile and device.type == "cuda":
+        logger.warning(
+            "Profiling on CUDA synchronises the device around every timed phase: the speed numbers of this run "
+            "include that cost. Compare speedups from a run without --profile."
+        )
+    return bool(profile)
+
+
+def _config_record(config: BenchConfig, prompts: list[BenchPrompt], profile: bool) -> dict:
     record = {k: v for k, v in asdict(config).items() if k not in ("extra", "progress")}
+    record["profile"] = profile
     record["methods"] = list(config.methods)
     record["greedy"] = config.greedy
     sets: dict[str, int] = {}

@@ -10,6 +10,7 @@ Definitions (the same for every method, see `instrument.py` for how steps are co
   value is the median over prompts × repeats; speedup = median(autoregressive) / median(method), so the
   autoregressive row is exactly 1. `speedup_paired` is the median of per-(prompt, repeat) ratios.
 * tokens/s = Σ new tokens / Σ end-to-end generate time (prefill included).
+* profile: decode time per verify step split into `instrument.PHASES`, see `profile_method`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 
-from .instrument import RunRecord
+from .instrument import DRAFT_PHASES, PHASES, RunRecord
 
 AR = "autoregressive"
 MAX_REPORTED_MISMATCHES = 20
@@ -92,25 +93,47 @@ def summarize_method(runs: list[RunRecord], ar_runs: list[RunRecord] | None) -> 
 
 
 def profile_method(runs: list[RunRecord]) -> dict:
-    """Where decode time goes, in ms per verify step (medians would hide the split; these are means).
+    """Where a verify step's time goes, in milliseconds per verify step.
 
-    `target_ms` = target forwards after prefill; `draft_forward_ms` = the draft / assistant module's own
-    forward (for Domino: the backbone only; the LM-head call and the head's rollout are in `other_ms`
-    together with acceptance, cache cropping and generate's bookkeeping).
+    Aggregation: the mean per step pooled over all timed runs (Σ phase time ÷ Σ verify steps), not a median:
+    means of the parts add up to the mean step time, medians would not. Phases (`instrument.PHASES`):
+
+    * `target_verify`: target forwards after prefill (one per step).
+    * `backbone` (context K/V update included), `lm_head` (base logits of all slots), `head_rollout`
+      (slot-by-slot choice, with the Domino head's corrections when on): a Domino draft's own timings; 0 for
+      methods without one. DFlash mode still has a rollout: the per-slot argmax / processing loop.
+    * `draft_other`: the assistant's forwards (`assisted`); its own generate loop around them is overhead.
+    * `loop_overhead`: decode time minus all of the above: transformers' loop, logits processing, cache
+      cropping, acceptance, Python (and prompt lookup's n-gram search). Clamped at 0 (timer noise on a very
+      short run could push it slightly below).
+
+    Ratios (None where undefined): `draft_to_verify` = draft time (backbone + lm_head + head_rollout +
+    draft_other) ÷ one target verify forward; `head_rollout_to_draft` = head_rollout ÷ draft time (Domino
+    drafts only); `loop_overhead_to_step` = loop_overhead ÷ step time.
     """
     steps = sum(len(r.accepted) for r in runs)
+    totals = dict.fromkeys(PHASES, 0.0)
+    for r in runs:
+        for phase, seconds in r.phase_seconds().items():
+            totals[phase] += seconds
     decode = sum(r.decode_s for r in runs)
-    target = sum(r.target_decode_s for r in runs)
-    draft = sum(r.draft_decode_s for r in runs)
-    per_step = (lambda s: 1000 * s / steps) if steps else (lambda s: None)
+    ms = {p: (1000 * s / steps if steps else None) for p, s in totals.items()}
+    if steps:
+        ms["loop_overhead"] = max(ms["loop_overhead"], 0.0)
+    draft = sum(ms[p] for p in DRAFT_PHASES) if steps else None
+    domino_phases = steps and any(ms[p] for p in ("backbone", "lm_head", "head_rollout"))
+    step = 1000 * decode / steps if steps else None
     return {
         "steps": steps,
-        "decode_ms_per_step": per_step(decode),
-        "target_ms_per_step": per_step(target),
-        "draft_forward_ms_per_step": per_step(draft),
-        "other_ms_per_step": per_step(decode - target - draft),
-        "target_fraction": _ratio(target, decode),
-        "draft_forward_fraction": _ratio(draft, decode),
+        "runs": len(runs),
+        "step_ms": step,
+        "draft_ms": draft,
+        "ms_per_step": ms,
+        "ratios": {
+            "draft_to_verify": _ratio(draft, ms["target_verify"]) if draft else None,
+            "head_rollout_to_draft": _ratio(ms["head_rollout"], draft) if domino_phases else None,
+            "loop_overhead_to_step": _ratio(ms["loop_overhead"], step),
+        },
         "prefill_ms_median": _median([1000 * r.prefill_s for r in runs]),
         "target_prefill_ms_median": _median([1000 * r.target_prefill_s for r in runs]),
     }
@@ -143,8 +166,9 @@ def find_mismatches(runs: list[RunRecord]) -> dict[str, list[dict]]:
     return dict(out)
 
 
-def summarize(runs: list[RunRecord], methods: list[str], greedy: bool) -> dict:
-    """{"methods": {name: …}, "by_set": {set: {name: …}}, "profile": {name: …}, "mismatches": …}."""
+def summarize(runs: list[RunRecord], methods: list[str], greedy: bool, profile: bool = True) -> dict:
+    """{"methods": {name: …}, "by_set": {set: {name: …}}, "profile": {name: …}, "mismatches": …}; no
+    "profile" when the runs were not profiled (their forward times are then not synchronised on CUDA)."""
     by_method = defaultdict(list)
     for r in runs:
         by_method[r.method].append(r)
@@ -165,6 +189,7 @@ def summarize(runs: list[RunRecord], methods: list[str], greedy: bool) -> dict:
         result["by_set"] = {
             s: block({m: [r for r in rs if r.prompt_set == s] for m, rs in by_method.items()}, {s}) for s in sets
         }
-    result["profile"] = {m: profile_method(by_method[m]) for m in methods if by_method.get(m)}
+    if profile:
+        result["profile"] = {m: profile_method(by_method[m]) for m in methods if by_method.get(m)}
     result["mismatches"] = {m: found[:MAX_REPORTED_MISMATCHES] for m, found in mismatches.items()}
     return result
