@@ -205,3 +205,12 @@ print('ok')
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "PYTHONPATH": ""}
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_export_refuses_a_published_dialect_sub_vocabulary_before_writing(target, tmp_path):
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8,
+                        draft_vocab_ids=list(range(8)))
+    draft.save_pretrained(tmp_path / "draft")
+    with pytest.raises(ValueError, match="no sub-vocabulary"):
+        export_draft(tmp_path / "draft", tmp_path / "export", published_dialect=True)
+    assert not (tmp_path / "export").exists()  # no half-exported folder left behind

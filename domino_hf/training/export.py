@@ -138,11 +138,16 @@ def write_model_card(draft: DominoDraftModel, out: Path, source: Path, repo: str
     (out / "README.md").write_text(card, encoding="utf-8")
 
 
+NO_SUBVOCAB_IN_PUBLISHED_DIALECT = (
+    "the published dialect has no sub-vocabulary: export a draft trained without --draft-vocab-size."
+)
+
+
 def to_published_dialect(config_path: Path) -> None:
     """Add the official checkpoints' keys (REFERENCE §3) next to ours; weight names are already identical."""
     config = json.loads(config_path.read_text())
     if config.get("draft_vocab_ids") is not None:
-        raise ValueError("the published dialect has no sub-vocabulary: export a draft trained without --draft-vocab-size.")
+        raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)
     config["dflash_config"] = {
         "mask_token_id": config["mask_token_id"],
         "target_layer_ids": config["target_layer_ids"],
@@ -162,6 +167,8 @@ def export_draft(source, out, dtype="float16", repo_id=None, push=False, private
     """Write the Hub folder for the draft found at `source`; push it when `push` (token from env / login)."""
     folder = resolve_draft_folder(source)
     draft = DominoDraftModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+    if published_dialect and draft.config.draft_vocab_ids is not None:
+        raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)  # before writing anything: no half-exported folder
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     draft.save_pretrained(out)
@@ -202,7 +209,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     measured = Path(args.measured).read_text() if args.measured and Path(args.measured).exists() else args.measured
-    export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.push_to_hub, push=bool(args.push_to_hub),
-                 private=args.private, published_dialect=args.published_dialect, measured=measured, notes=args.notes,
-                 license=args.license)
+    try:
+        export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.push_to_hub, push=bool(args.push_to_hub),
+                     private=args.private, published_dialect=args.published_dialect, measured=measured,
+                     notes=args.notes, license=args.license)
+    except (FileNotFoundError, ValueError) as err:  # no draft at the source; an impossible export
+        logger.error("%s", err)
+        return 2
     return 0
