@@ -183,9 +183,8 @@ class DominoHeadTables:
     def cached(cls, draft, head: DominoTargetHead) -> "DominoHeadTables":
         """Reuse the tables while neither the draft's head nor the target embedding changed (in place)."""
         weights = (head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
-        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights) + (id(head.draft_vocab_ids),)
-        if head.draft_vocab_ids is not None:
-            key = key[:-1] + (tuple(head.draft_vocab_ids.shape),)
+        rows = hash(tuple(draft.config.draft_vocab_ids or ()))
+        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights) + (rows,)
         saved = getattr(draft, "_domino_head_tables", None)
         if saved is None or saved[0] != key:
             saved = (key, cls(draft, head))
