@@ -214,3 +214,24 @@ def test_export_refuses_a_published_dialect_sub_vocabulary_before_writing(target
     with pytest.raises(ValueError, match="no sub-vocabulary"):
         export_draft(tmp_path / "draft", tmp_path / "export", published_dialect=True)
     assert not (tmp_path / "export").exists()  # no half-exported folder left behind
+
+
+def test_export_push_to_hub_uploads_the_folder(target, tmp_path, monkeypatch):
+    """`--push-to-hub` goes through huggingface_hub (create the repo, upload the exported folder)."""
+    import huggingface_hub
+
+    calls = []
+
+    class FakeApi:
+        def create_repo(self, repo_id, private=False, exist_ok=False):
+            calls.append(("create", repo_id, private, exist_ok))
+
+        def upload_folder(self, folder_path, repo_id, commit_message):
+            calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir())))
+
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    build_draft(target, None, num_hidden_layers=1, block_size=4).save_pretrained(tmp_path / "draft")
+    export_draft(tmp_path / "draft", tmp_path / "out", repo_id="user/tiny-domino", push=True, private=True)
+    assert calls[0] == ("create", "user/tiny-domino", True, True)
+    assert calls[1][0] == "upload" and "model.safetensors" in calls[1][2] and "README.md" in calls[1][2]
+    assert "user/tiny-domino" in (tmp_path / "out" / "README.md").read_text()
