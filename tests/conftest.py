@@ -5,6 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+# The unit tests use tiny models whose ops are overhead-bound: one thread is as fast and never oversubscribes
+# the 2 cores when a test starts subprocesses (torchrun, remote-code loads).
+torch.set_num_threads(1)
+
 # ======================================================================================================
 # Tiny offline tokenizer + Llama (data / regen tests): built in memory in well under a second, no Hub.
 # ======================================================================================================
