@@ -15,7 +15,7 @@ RUN="$CACHE/runs/smollm2-domino-b4"
 domino features --target smollm2 --data "$DATA" --config "$CONFIG" --out "$FEATURES"
 # 2. Train: 2-layer backbone, block 4, GRU 256 / rank 256, 8192-token sub-vocabulary, teacher forcing + curriculum.
 domino train --target smollm2 --data "$DATA" --features "$FEATURES" --config "$CONFIG" \
-  --draft-vocab-size 8192 --out "$RUN" --max-steps "${STEPS:-2000}" --batch-size 8 --num-anchors 32 --lr 1e-3 \
-  --save-steps 200 --logging-steps 20 --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48 --resume
+  --draft-vocab-size 8192 --out "$RUN" --max-steps "${STEPS:-5500}" --batch-size 8 --num-anchors 32 --lr 1e-3 \
+  --save-steps "${SAVE_STEPS:-500}" --logging-steps 50 --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48 --resume
 # 3. Export the Hub folder (fp16 weights, remote code, model card).
 domino export "$RUN" --out drafts/smollm2-135m-instruct-domino --dtype float16
