@@ -317,10 +317,11 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
             "--out", str(tmp_path / "out"), "--threads", "1"]
-    assert bench_cli.run(_parse(argv)) == 0
+    assert bench_cli.run(_parse(argv + ["--confidence-threshold", "0.25"])) == 0
     assert "| domino |" in capsys.readouterr().out
     config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]
     assert config["prompt_sets"] == {"prompts": 2} and config["threads"] == 1 and config["profile"] is True
+    assert config["confidence_threshold"] == 0.25
     assert (tmp_path / "out" / "bench_speedup.png").exists() and (tmp_path / "out" / "bench_profile.png").exists()
 
     _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)

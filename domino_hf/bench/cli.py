@@ -70,6 +70,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default: the shipped {DEFAULT_DRAFT})",
     )
     models.add_argument(
+        "--confidence-threshold",
+        metavar="P",
+        type=float,
+        default=None,
+        help="override the draft's adaptive draft length (`draft_confidence_threshold`; 0 = always the whole "
+        "block) for the dflash and domino methods (default: the draft's own setting)",
+    )
+    models.add_argument(
         "--assistant",
         metavar="NAME_OR_PATH",
         default=None,
@@ -343,6 +351,8 @@ def _run(args: argparse.Namespace) -> int:
 
     target, tokenizer = load_target(args.target, dtype, device)
     draft = load_draft(draft_name, dtype, device) if draft_name else None
+    if draft is not None and args.confidence_threshold is not None:
+        draft.config.draft_confidence_threshold = args.confidence_threshold
     assistant = load_assistant(args.assistant, dtype, device) if args.assistant else None
     prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system)
     config = BenchConfig(
@@ -364,6 +374,7 @@ def _run(args: argparse.Namespace) -> int:
             "sources": args.prompts,
             "system": args.system,
             "threads": threads,
+            "confidence_threshold": draft.config.draft_confidence_threshold if draft is not None else None,
         },
     )
     result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
