@@ -10,8 +10,6 @@ context features of positions < a and the other slots of its own block, never an
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -133,7 +131,3 @@ class DominoObjective(nn.Module):
             }
         return {"loss": loss, "base_loss": base_loss.detach(), "final_loss": final_loss.detach(), **metrics}
 
-
-def check_finite(value: float, name: str) -> None:
-    if not math.isfinite(value):
-        raise FloatingPointError(f"{name} became {value}: lower the learning rate or check the data.")
