@@ -44,6 +44,9 @@ class DominoConfig(PretrainedConfig):
             the Domino head makes it a real chain probability) falls below this; 0 always proposes the whole
             block. Verifying costs time per token, so on CPUs a threshold avoids paying for unlikely tails.
             The stop never looks at the token slot j would draw, so sampling stays exact.
+        max_draft_tokens (`int` or `None`): cap on the tokens proposed per step (≤ `num_draft_tokens`); `None`
+            proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
+            beat the full block. Lossless (fewer candidates).
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for; a different target is reported (warning) at generation time.
     """
@@ -75,6 +78,7 @@ class DominoConfig(PretrainedConfig):
         pure_draft_prefix_len=1,
         draft_vocab_ids=None,
         draft_confidence_threshold=0.0,
+        max_draft_tokens=None,
         target_model_type=None,
         target_name_or_path=None,
         **kwargs,
@@ -123,6 +127,7 @@ class DominoConfig(PretrainedConfig):
         self.pure_draft_prefix_len = pure_draft_prefix_len
         self.draft_vocab_ids = sorted(int(i) for i in draft_vocab_ids) if draft_vocab_ids is not None else None
         self.draft_confidence_threshold = float(draft_confidence_threshold)
+        self.max_draft_tokens = max_draft_tokens
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         kwargs.setdefault("tie_word_embeddings", False)

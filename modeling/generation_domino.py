@@ -249,6 +249,8 @@ class DominoCandidateGenerator(CandidateGenerator):
             return input_ids, None
         cur_len = input_ids.shape[1]
         n_draft = min(self.config.num_draft_tokens, self.max_length - cur_len - 1)
+        if getattr(self.config, "max_draft_tokens", None):
+            n_draft = min(n_draft, self.config.max_draft_tokens)
         self._pending_drafted = 0
         if n_draft <= 0:  # the next target step reaches max_length: nothing left to draft
             return input_ids, None

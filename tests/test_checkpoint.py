@@ -100,7 +100,7 @@ def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads(next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))[7:])
@@ -118,7 +118,13 @@ def test_remote_code_draft_next_to_domino_hf(tmp_path):
 
     target = make_tiny_target("llama")
     make_tiny_draft(target).save_pretrained(tmp_path)
-    draft = AutoModel.from_pretrained(tmp_path, trust_remote_code=True).eval()
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    # With domino_hf imported, `AutoModel` resolves `domino_draft` to the registered (identical) class; load the
+    # checkpoint's own remote-code class explicitly, as a process without domino_hf would.
+    assert type(AutoModel.from_pretrained(tmp_path, trust_remote_code=True)) is DominoDraftModel
+    remote_class = get_class_from_dynamic_module("modeling_domino.DominoDraftModel", str(tmp_path))
+    draft = remote_class.from_pretrained(tmp_path).eval()
     assert type(draft) is not DominoDraftModel and type(draft).__module__.startswith("transformers_modules.")
     assert_drafted(greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=20)[1])
 

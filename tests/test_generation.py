@@ -341,3 +341,10 @@ def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_p
     assert any(d < n for s in short for d in s.drafted)
     rate = lambda stats: sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
     assert rate(short) >= rate(full)  # the tail it skips is the unlikely part
+
+
+def test_max_draft_tokens_caps_the_proposal_and_stays_lossless(fitted_pair, monkeypatch):
+    target, draft, prompts = fitted_pair("llama")
+    monkeypatch.setattr(draft.config, "max_draft_tokens", 2)
+    _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=20)
+    assert max(stats.drafted) == 2 and stats.num_steps > 0

@@ -78,6 +78,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "block) for the dflash and domino methods (default: the draft's own setting)",
     )
     models.add_argument(
+        "--max-draft-tokens",
+        metavar="K",
+        type=int,
+        default=None,
+        help="override the draft's cap on tokens proposed per step (`max_draft_tokens`) for dflash and domino",
+    )
+    models.add_argument(
         "--assistant",
         metavar="NAME_OR_PATH",
         default=None,
@@ -353,6 +360,8 @@ def _run(args: argparse.Namespace) -> int:
     draft = load_draft(draft_name, dtype, device) if draft_name else None
     if draft is not None and args.confidence_threshold is not None:
         draft.config.draft_confidence_threshold = args.confidence_threshold
+    if draft is not None and args.max_draft_tokens is not None:
+        draft.config.max_draft_tokens = args.max_draft_tokens
     assistant = load_assistant(args.assistant, dtype, device) if args.assistant else None
     prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system)
     config = BenchConfig(
@@ -375,6 +384,7 @@ def _run(args: argparse.Namespace) -> int:
             "system": args.system,
             "threads": threads,
             "confidence_threshold": draft.config.draft_confidence_threshold if draft is not None else None,
+            "max_draft_tokens": draft.config.max_draft_tokens if draft is not None else None,
         },
     )
     result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)

@@ -1,0 +1,210 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""Configuration of a Domino draft model (remote-code file: imports only torch and transformers)."""
+
+from transformers import PretrainedConfig
+
+
+class DominoConfig(PretrainedConfig):
+    r"""
+    Configuration of a [`DominoDraftModel`]: a DFlash parallel drafting backbone fed with hidden states of a
+    frozen target, plus the Domino head (a bias-free GRU over the drafted tokens' target embeddings and a
+    low-rank correction added to the base logits).
+
+    The draft owns no embedding and no LM head: it borrows the target's at call time, so `hidden_size` and
+    `vocab_size` must equal the target's.
+
+    Args:
+        vocab_size (`int`): vocabulary size of the target's LM head.
+        hidden_size (`int`): hidden size of the draft layers; equal to the target's hidden size.
+        intermediate_size (`int`): SwiGLU width of the draft layers.
+        num_hidden_layers (`int`): number of draft decoder layers.
+        num_attention_heads (`int`), num_key_value_heads (`int`), head_dim (`int`): attention shape.
+        rms_norm_eps (`float`): epsilon of every RMSNorm.
+        rope_theta (`float`): RoPE base (default RoPE only; taken from the target).
+        max_position_embeddings (`int`): informational; RoPE is computed on the fly.
+        attention_bias (`bool`): whether q/k/v/o projections have biases (Qwen3: no).
+        target_layer_ids (`list[int]`): target layers whose hidden states form the context features. Layer `i`
+            is `output_hidden_states[i + 1]` of the target (index 0 is the embedding output).
+        num_target_layers (`int`): number of decoder layers of the target (used to validate the pairing).
+        target_hidden_size (`int`): hidden size of the target (defaults to `hidden_size`).
+        block_size (`int`): number of slots of one parallel draft block (anchor slot included).
+        mask_token_id (`int`): target token id whose embedding fills the masked slots of a block.
+        shift_label (`bool`): `True` (Domino checkpoints): slot k predicts the token at anchor+k+1, so all
+            `block_size` slots draft. `False` (DFlash checkpoints): slot 0 is the anchor and slots 1..B-1 draft.
+        use_domino_head (`bool`): apply the causal correction head. `False` drafts with the base logits only
+            (pure DFlash drafting with the same weights, for ablations).
+        gru_hidden_dim (`int`): hidden size of the causal GRU (paper: 1024).
+        correction_rank (`int`): rank r of the logit correction `W2 · SiLU(W1 · [H ; S])` (paper: 256).
+        pure_draft_prefix_len (`int`): the first this-many draft tokens use base logits only (paper: 1); the
+            GRU is then primed on the anchor and the first drafted token.
+        draft_vocab_ids (`list[int]` or `None`): optional sorted sub-vocabulary (target ids) the draft may
+            propose. Base logits and correction are computed over these rows only; `None` = full vocabulary.
+        draft_confidence_threshold (`float`): adaptive draft length. Drafting stops before slot j when the
+            draft's chain probability (probabilities of the tokens drafted so far × slot j's top probability;
+            the Domino head makes it a real chain probability) falls below this; 0 always proposes the whole
+            block. Verifying costs time per token, so on CPUs a threshold avoids paying for unlikely tails.
+            The stop never looks at the token slot j would draw, so sampling stays exact.
+        max_draft_tokens (`int` or `None`): cap on the tokens proposed per step (≤ `num_draft_tokens`); `None`
+            proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
+            beat the full block. Lossless (fewer candidates).
+        target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
+            for; a different target is reported (warning) at generation time.
+    """
+
+    model_type = "domino_draft"
+
+    def __init__(
+        self,
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=5,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1_000_000.0,
+        max_position_embeddings=40960,
+        attention_bias=False,
+        target_layer_ids=None,
+        num_target_layers=36,
+        target_hidden_size=None,
+        block_size=16,
+        mask_token_id=151669,
+        shift_label=True,
+        use_domino_head=True,
+        gru_hidden_dim=1024,
+        correction_rank=256,
+        pure_draft_prefix_len=1,
+        draft_vocab_ids=None,
+        draft_confidence_threshold=0.0,
+        max_draft_tokens=None,
+        target_model_type=None,
+        target_name_or_path=None,
+        **kwargs,
+    ):
+        # --- the published dialect (official Domino / z-lab DFlash checkpoints) -------------------------------
+        dflash_config = kwargs.pop("dflash_config", None)
+        published = dflash_config is not None
+        emb_dim = kwargs.pop("emb_dim", None)
+        rope_parameters = kwargs.pop("rope_parameters", None) or kwargs.pop("rope_scaling", None)
+        if isinstance(rope_parameters, dict) and "rope_theta" in rope_parameters:
+            rope_theta = rope_parameters["rope_theta"]
+        if published:
+            mask_token_id = dflash_config.get("mask_token_id", mask_token_id)
+            target_layer_ids = dflash_config.get("target_layer_ids", target_layer_ids)
+            projector = dflash_config.get("projector_type")
+            use_domino_head = projector in ("domino", "causal_v5")
+            # DFlash checkpoints carry no shift_label: their slot 0 is the anchor.
+            shift_label = dflash_config.get("shift_label", False)
+            pure_draft_prefix_len = dflash_config.get("pure_draft_prefix_len", pure_draft_prefix_len)
+            gru_hidden_dim = dflash_config.get("gru_hidden_dim", gru_hidden_dim)
+            emb_dim = dflash_config.get("emb_dim", emb_dim)
+            kwargs.pop("model_type", None)  # "qwen3" in the official files; this class is the draft
+        if emb_dim is not None:
+            correction_rank = emb_dim
+
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // num_attention_heads
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = float(rope_theta)
+        self.max_position_embeddings = max_position_embeddings
+        self.attention_bias = attention_bias
+        self.num_target_layers = num_target_layers
+        self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else [1, 9, 17, 25, 33]
+        self.target_hidden_size = target_hidden_size if target_hidden_size is not None else hidden_size
+        self.block_size = block_size
+        self.mask_token_id = mask_token_id
+        self.shift_label = bool(shift_label)
+        self.use_domino_head = bool(use_domino_head)
+        self.gru_hidden_dim = gru_hidden_dim
+        self.correction_rank = correction_rank
+        self.pure_draft_prefix_len = pure_draft_prefix_len
+        self.draft_vocab_ids = sorted(int(i) for i in draft_vocab_ids) if draft_vocab_ids is not None else None
+        self.draft_confidence_threshold = float(draft_confidence_threshold)
+        self.max_draft_tokens = max_draft_tokens
+        self.target_model_type = target_model_type
+        self.target_name_or_path = target_name_or_path
+        kwargs.setdefault("tie_word_embeddings", False)
+        super().__init__(**kwargs)
+
+    @classmethod
+    def for_target(cls, target_config, tokenizer=None, num_context_layers=5, **overrides):
+        """A config that fits `target_config` (the target's `config`): draft layers shaped like the target's,
+        `target_layer_ids` spread over its depth, and a mask token that is safe for `tokenizer`.
+
+        * `target_layer_ids`: `num_context_layers` layers evenly spread from layer 1 to `num_layers - 3`, as
+          in the published checkpoints (36-layer Qwen3: [1, 9, 17, 25, 33]); shallow targets use what exists.
+        * `mask_token_id`: see `pick_mask_token_id`.
+        Any keyword in `overrides` (e.g. `num_hidden_layers`, `block_size`) wins.
+        """
+        text = target_config.get_text_config()
+        heads = text.num_attention_heads
+        rope = getattr(text, "rope_parameters", None) or {}
+        fields = dict(
+            vocab_size=text.vocab_size,
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_hidden_layers=1,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", getattr(text, "rope_theta", 10000.0)),
+            max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
+            target_layer_ids=spread_target_layers(text.num_hidden_layers, num_context_layers),
+            num_target_layers=text.num_hidden_layers,
+            target_hidden_size=text.hidden_size,
+            mask_token_id=pick_mask_token_id(text.vocab_size, tokenizer),
+            target_model_type=getattr(text, "model_type", None),
+            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Tokens proposed per block: all slots with `shift_label`, all but the anchor slot without."""
+        return self.block_size if self.shift_label else self.block_size - 1
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """Rows of the draft's output space (the sub-vocabulary if any, else the full vocabulary)."""
+        return len(self.draft_vocab_ids) if self.draft_vocab_ids is not None else self.vocab_size
+
+
+def spread_target_layers(num_layers: int, count: int = 5) -> list[int]:
+    """`count` layer ids spread evenly from 1 to `num_layers - 3` (DFlash's choice), deduplicated."""
+    low = min(1, num_layers - 1)
+    high = max(low, num_layers - 3)
+    if count <= 1:
+        return [high]
+    return sorted({int(low + i * (high - low) / (count - 1) + 0.5) for i in range(count)})
+
+
+def pick_mask_token_id(vocab_size: int, tokenizer=None) -> int:
+    """A token id whose target embedding can stand for "masked slot" without colliding with real text.
+
+    In order: the tokenizer's own mask token; the first LM-head row beyond the tokenizer (unused padding rows,
+    as Qwen3's 151669); the highest special token that is not BOS/EOS/PAD/UNK and does not occur in the
+    chat template; finally `vocab_size - 1`.
+    """
+    if tokenizer is None:
+        return vocab_size - 1
+    if getattr(tokenizer, "mask_token_id", None) is not None:
+        return tokenizer.mask_token_id
+    if len(tokenizer) < vocab_size:
+        return len(tokenizer)
+    reserved = {getattr(tokenizer, f"{k}_token_id", None) for k in ("bos", "eos", "pad", "unk")}
+    template = str(getattr(tokenizer, "chat_template", "") or "")
+    special = [
+        tid
+        for tid, tok in getattr(tokenizer, "added_tokens_decoder", {}).items()
+        if tid not in reserved and str(tok) not in template and tid < vocab_size
+    ]
+    return max(special) if special else vocab_size - 1

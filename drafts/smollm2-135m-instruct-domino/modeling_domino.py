@@ -1,0 +1,274 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""Domino draft model: a DFlash parallel drafting backbone plus the Domino causal correction head.
+
+Remote-code file: it imports only torch and transformers, so a saved checkpoint loads with
+`AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python where domino_hf is not installed.
+Importing it installs the `generate(assistant_model=draft)` dispatch (see `generation_domino.py`).
+
+Shapes: b = batch, c = context positions, q = block (query) positions, H = hidden size, E = target
+embedding size (= H), Hg = GRU hidden size, V' = draft output vocabulary (sub-vocabulary or full).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutput
+
+from .configuration_domino import DominoConfig
+from .generation_domino import DominoCandidateGenerator, DominoContextCache, install_generate_hook
+
+
+class DominoRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        hidden_states = hidden_states.to(torch.float32)
+        variance = hidden_states.pow(2).mean(-1, keepdim=True)
+        hidden_states = hidden_states * torch.rsqrt(variance + self.variance_epsilon)
+        return self.weight * hidden_states.to(dtype)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """Default RoPE tables for `position_ids` (b, n) -> cos, sin of shape (b, 1, n, head_dim)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (b, n, head_dim/2)
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (b, 1, n, head_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DominoAttention(nn.Module):
+    """Qwen3-style attention whose queries come from the block only and whose keys/values are this layer's
+    projections of the fused context followed by those of the block (non-causal inside the block)."""
+
+    def __init__(self, config: DominoConfig):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = DominoRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = DominoRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def key_values(self, hidden_states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """(b, n, H) -> rotated keys and values, each (b, kv_heads, n, head_dim)."""
+        b, n, _ = hidden_states.shape
+        keys = self.k_norm(self.k_proj(hidden_states).view(b, n, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        values = self.v_proj(hidden_states).view(b, n, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(keys, cos, sin), values
+
+    def forward(self, block_states, block_cos, block_sin, context_keys, context_values, attention_mask=None):
+        # block_states: (b, q, H); context_keys/values: (b, kv_heads, c, head_dim), already rotated
+        b, q, _ = block_states.shape
+        queries = self.q_norm(self.q_proj(block_states).view(b, q, self.num_heads, self.head_dim)).transpose(1, 2)
+        queries = apply_rotary(queries, block_cos, block_sin)  # (b, heads, q, head_dim)
+        block_keys, block_values = self.key_values(block_states, block_cos, block_sin)
+        keys = torch.cat([context_keys, block_keys], dim=2)  # (b, kv_heads, c + q, head_dim)
+        values = torch.cat([context_values, block_values], dim=2)
+        attn = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=attention_mask, enable_gqa=self.num_heads != self.num_kv_heads
+        )  # (b, heads, q, head_dim)
+        return self.o_proj(attn.transpose(1, 2).reshape(b, q, self.num_heads * self.head_dim))
+
+
+class DominoMLP(nn.Module):
+    def __init__(self, config: DominoConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DominoDecoderLayer(nn.Module):
+    def __init__(self, config: DominoConfig):
+        super().__init__()
+        self.self_attn = DominoAttention(config)
+        self.mlp = DominoMLP(config)
+        self.input_layernorm = DominoRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = DominoRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, block_states, block_cos, block_sin, context_keys, context_values, attention_mask=None):
+        residual = block_states
+        hidden = self.self_attn(
+            self.input_layernorm(block_states), block_cos, block_sin, context_keys, context_values, attention_mask
+        )
+        hidden = residual + hidden
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class DominoPreTrainedModel(PreTrainedModel):
+    config_class = DominoConfig
+    base_model_prefix = "domino"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DominoDecoderLayer"]
+    _supports_sdpa = True
+
+    @torch.no_grad()
+    def _init_weights(self, module):
+        std = getattr(self.config, "initializer_range", 0.02)
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, DominoRMSNorm):
+            module.weight.fill_(1.0)
+        elif isinstance(module, nn.GRU):
+            bound = 1.0 / module.hidden_size**0.5
+            for weight in module.parameters():
+                weight.uniform_(-bound, bound)
+
+
+class DominoDraftModel(DominoPreTrainedModel):
+    """Domino draft model. It owns no embedding and no LM head: callers pass the target's embeddings of the
+    block tokens in, and apply the target's LM head to the returned hidden states (see `DominoTargetHead`)."""
+
+    def __init__(self, config: DominoConfig):
+        super().__init__(config)
+        n_context = len(config.target_layer_ids)
+        self.fc = nn.Linear(n_context * config.target_hidden_size, config.hidden_size, bias=False)
+        self.hidden_norm = DominoRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DominoDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = DominoRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        if config.use_domino_head:
+            # Causal encoder over the target embeddings of the tokens realised so far in the block.
+            self.prefix_gru = nn.GRU(config.target_hidden_size, config.gru_hidden_dim, bias=False, batch_first=True)
+            # Low-rank logit correction W2 · SiLU(W1 · [H ; S]).
+            self.embed_proj = nn.Sequential(
+                nn.Linear(config.hidden_size + config.gru_hidden_dim, config.correction_rank, bias=False),
+                nn.SiLU(),
+                nn.Linear(config.correction_rank, config.draft_vocab_size, bias=False),
+            )
+        self.last_generation_stats = None
+        self.post_init()
+
+    # ----------------------------------------------------------------------------------------- backbone
+    @property
+    def has_domino_head(self) -> bool:
+        """Whether the head exists (weights) and is switched on (`config.use_domino_head`, togglable)."""
+        return self.config.use_domino_head and hasattr(self, "prefix_gru")
+
+    def fuse_context(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
+        """(b, c, n_layers * H_target) concatenated target hidden states -> (b, c, H) context features."""
+        return self.hidden_norm(self.fc(target_hidden_states.to(self.fc.weight.dtype)))
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,
+        block_position_ids: torch.Tensor,
+        target_hidden_states: torch.Tensor | None = None,
+        context_position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: DominoContextCache | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        r"""
+        Args:
+            block_embeds: (b, q, H) target embeddings of the block(s) `[anchor, MASK, ...]`.
+            block_position_ids: (b, q) absolute positions of the block slots.
+            target_hidden_states: (b, c, n_layers * H) new context (target layers `target_layer_ids`,
+                concatenated along features); with a cache, only positions not cached yet.
+            context_position_ids: (b, c) positions of `target_hidden_states`.
+            attention_mask: optional boolean (b, 1, q, c_total + q), True = may attend (training mask).
+            past_key_values: a `DominoContextCache`; new context keys/values are appended to it.
+        Returns:
+            `BaseModelOutput` with `last_hidden_state` (b, q, H): the final-norm hidden states H of the slots.
+        """
+        dtype = self.fc.weight.dtype
+        block_cos, block_sin = rotary_cos_sin(block_position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+        context = None
+        if target_hidden_states is not None and target_hidden_states.shape[1] > 0:
+            context = self.fuse_context(target_hidden_states)  # (b, c, H)
+            ctx_cos, ctx_sin = rotary_cos_sin(context_position_ids, self.config.head_dim, self.config.rope_theta, dtype)
+        hidden = block_embeds.to(dtype)
+        for idx, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            if context is not None:
+                keys, values = attn.key_values(context, ctx_cos, ctx_sin)
+            else:
+                b = hidden.shape[0]
+                keys = values = hidden.new_zeros(b, attn.num_kv_heads, 0, attn.head_dim)
+            if past_key_values is not None:
+                keys, values = past_key_values.update(idx, keys, values)
+            hidden = layer(hidden, block_cos, block_sin, keys, values, attention_mask)
+        return BaseModelOutput(last_hidden_state=self.norm(hidden))
+
+    # --------------------------------------------------------------------------------------- Domino head
+    def correction(self, base_hidden: torch.Tensor, causal_state: torch.Tensor) -> torch.Tensor:
+        """ΔL = W2 · SiLU(W1 · [H ; S]): (..., H), (..., Hg) -> (..., V')."""
+        return self.embed_proj(torch.cat([base_hidden, causal_state.to(base_hidden.dtype)], dim=-1))
+
+    def causal_states(self, token_embeds: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced GRU from a zero state: (N, T, E) embeddings -> (N, T, Hg) state after each token."""
+        states, _ = self.prefix_gru(token_embeds.to(self.prefix_gru.weight_ih_l0.dtype))
+        return states
+
+    def gru_step(self, state: torch.Tensor, input_gates: torch.Tensor) -> torch.Tensor:
+        """One bias-free GRU step (PyTorch gate order r, z, n). `input_gates` = W_ih · x, (1, 3·Hg)."""
+        hidden_gates = F.linear(state, self.prefix_gru.weight_hh_l0)  # (1, 3·Hg)
+        i_r, i_z, i_n = input_gates.chunk(3, dim=-1)
+        h_r, h_z, h_n = hidden_gates.chunk(3, dim=-1)
+        reset = torch.sigmoid(i_r + h_r)
+        update = torch.sigmoid(i_z + h_z)
+        candidate = torch.tanh(i_n + reset * h_n)
+        return candidate + update * (state - candidate)
+
+    @classmethod
+    def from_target(cls, target, tokenizer=None, num_hidden_layers=1, block_size=16, **config_overrides):
+        """A freshly initialised draft that fits `target` (see `DominoConfig.for_target` for the choices of
+        `target_layer_ids` and `mask_token_id`), on the target's device, in float32."""
+        config = DominoConfig.for_target(
+            target.config, tokenizer, num_hidden_layers=num_hidden_layers, block_size=block_size, **config_overrides
+        )
+        return cls(config).to(target.device)
+
+    # ------------------------------------------------------------------------------------ generation glue
+    def get_candidate_generator(self, target, generation_config, logits_processor, input_ids, stopping_criteria=None):
+        """Called by the `generate` dispatch when this draft is passed as `assistant_model`."""
+        return DominoCandidateGenerator(
+            draft=self,
+            target=target,
+            generation_config=generation_config,
+            logits_processor=logits_processor,
+            input_ids=input_ids,
+            stopping_criteria=stopping_criteria,
+        )
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Saves weights and config, and copies the remote-code files so the folder is a Hub-ready repo."""
+        import os
+        import shutil
+
+        self.config.auto_map = {
+            "AutoConfig": "configuration_domino.DominoConfig",
+            "AutoModel": "modeling_domino.DominoDraftModel",
+        }
+        self.config.architectures = ["DominoDraftModel"]
+        super().save_pretrained(save_directory, *args, **kwargs)
+        here = os.path.dirname(os.path.abspath(__file__))
+        for name in ("configuration_domino.py", "modeling_domino.py", "generation_domino.py"):
+            shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
+
+
+install_generate_hook()
+
+__all__ = ["DominoDraftModel", "DominoPreTrainedModel", "DominoContextCache"]
