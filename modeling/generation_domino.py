@@ -344,12 +344,10 @@ class DominoCandidateGenerator(CandidateGenerator):
             token, index = self._pick(logits, full_logits)
             if self.threshold > 0.0:
                 chain *= float(probs[0, index if full_logits is None else token].squeeze())
-            if self.extra_stopping:
+            if self.extra_stopping or self.logits_processor:  # only these read the drafted prefix
                 sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
-                if any(bool(c(sequence, None).any()) for c in self.extra_stopping):  # as transformers calls them
-                    break  # never draft past a stop: the target's own bonus token must be the one that stops
-            elif self.logits_processor:
-                sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
+            if self.extra_stopping and any(bool(c(sequence, None).any()) for c in self.extra_stopping):
+                break  # never draft past a stop: the target's own bonus token must be the one that stops
             chosen.append(token)
             processed.append(full_logits)
             if tables is not None and j + 1 < n:

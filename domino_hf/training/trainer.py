@@ -69,7 +69,7 @@ class DominoTrainer(Trainer):
     def _target_inputs(self, inputs):
         """Context hidden states and the embeddings the draft reads, all from the frozen target."""
         input_ids, anchors = inputs["input_ids"], inputs["anchors"]
-        config = self.model.draft.config if hasattr(self.model, "draft") else self.model.module.draft.config
+        config = self.model.draft.config  # Trainer keeps `self.model` unwrapped (DDP lives in `model_wrapped`)
         if "context_hidden" in inputs:  # cached by `domino features`
             context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
         else:
