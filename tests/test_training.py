@@ -235,3 +235,24 @@ def test_export_push_to_hub_uploads_the_folder(target, tmp_path, monkeypatch):
     assert calls[0] == ("create", "user/tiny-domino", True, True)
     assert calls[1][0] == "upload" and "model.safetensors" in calls[1][2] and "README.md" in calls[1][2]
     assert "user/tiny-domino" in (tmp_path / "out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "argv, flag",
+    [
+        (["train", "--data", "{missing}", "--out", "{tmp}/run"], "--data"),
+        (["train", "--data", "{data}", "--config", "{missing}", "--out", "{tmp}/run"], "--config"),
+        (["train", "--data", "{data}", "--features", "{missing}", "--out", "{tmp}/run"], "--features"),
+        (["features", "--data", "{missing}", "--config", "{data}", "--out", "{tmp}/f"], "--data"),
+    ],
+)
+def test_cli_missing_inputs_are_clean_errors(tmp_path, caplog, argv, flag):
+    """A wrong path fails at once with the option's name (exit 2), before any target is loaded."""
+    from domino_hf.cli import main
+
+    data = tmp_path / "data.jsonl"
+    data.write_text("{}\n")
+    names = {"missing": str(tmp_path / "missing"), "tmp": str(tmp_path), "data": str(data)}
+    argv = [a.format(**names) for a in argv]
+    assert main(argv + ["--target", "no/such-target-is-loaded"]) == 2
+    assert f"{flag} {tmp_path / 'missing'}: no such file or folder" in caplog.text

@@ -132,9 +132,15 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from ..targets import load_target
+    from ..utils import require_paths
     from .dataset import RegenDataset
 
-    target, _ = load_target(args.target)
+    try:  # missing inputs fail before the (slower) target load
+        require_paths(data=args.data, config=args.config)
+        target, _ = load_target(args.target)
+    except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
+        logger.error("%s", err)
+        return 2
     with open(args.config, encoding="utf-8") as handle:
         layer_ids = json.load(handle)["target_layer_ids"]
     vocab = target.config.get_text_config().vocab_size

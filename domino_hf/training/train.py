@@ -183,8 +183,14 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from ..targets import load_target
+    from ..utils import require_paths
 
-    target, tokenizer = load_target(args.target)
+    try:  # missing inputs fail before the (slower) target load
+        require_paths(data=args.data, config=args.config, features=args.features)
+        target, tokenizer = load_target(args.target)
+    except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
+        logger.error("%s", err)
+        return 2
     dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=target.config.get_text_config().vocab_size, limit=args.limit)
     overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
     if args.no_head:
