@@ -54,11 +54,12 @@ class DominoTargetHead:
     """The target's frozen input embedding and LM head, as the draft uses them.
 
     With a draft sub-vocabulary the LM head is a row selection of the target's (made here, at generation or
-    training time: it is never stored in the checkpoint). Final-logit soft-capping of the target (Gemma) is
+    training time: it is never stored in the checkpoint); `dtype` then casts those rows, so a draft loaded in
+    another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision. Final-logit soft-capping of the target (Gemma) is
     applied to the base logits, so the draft models the distribution the target actually produces.
     """
 
-    def __init__(self, target, config, device=None):
+    def __init__(self, target, config, device=None, dtype=None):
         self.embed_tokens = target.get_input_embeddings()
         lm_head = target.get_output_embeddings()
         weight = lm_head.weight.detach()
@@ -68,8 +69,10 @@ class DominoTargetHead:
             self.draft_vocab_ids = torch.tensor(config.draft_vocab_ids, dtype=torch.long, device=weight.device)
             weight = weight.index_select(0, self.draft_vocab_ids)
             bias = bias.detach().index_select(0, self.draft_vocab_ids) if bias is not None else None
-        self.weight = weight if device is None else weight.to(device)
-        self.bias = None if bias is None else bias.detach().to(self.weight.device)
+        if dtype is not None and self.draft_vocab_ids is None:
+            dtype = None  # a cast copy of the whole LM head per call would cost more than it saves
+        self.weight = weight.to(device=device, dtype=dtype)
+        self.bias = None if bias is None else bias.detach().to(self.weight)
         self.vocab_size = lm_head.weight.shape[0]
         self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
         self.vocab_map = None  # target id -> draft index (-1 outside the sub-vocabulary)
@@ -200,7 +203,7 @@ class DominoHeadTables:
 
     def correction(self, hidden_part: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
         """W2 · SiLU(W1_H·H + W1_S·S) for one slot: (1, r), (1, Hg) -> (1, V')."""
-        return F.linear(F.silu(hidden_part + F.linear(state, self.w1_state)), self.w2)
+        return F.linear(F.silu(torch.addmm(hidden_part, state, self.w1_state.t())), self.w2)
 
 
 class DominoCandidateGenerator(CandidateGenerator):
@@ -217,7 +220,9 @@ class DominoCandidateGenerator(CandidateGenerator):
         check_draft_fits_target(draft.config, target)
         self.draft = draft
         self.config = draft.config
-        self.head = DominoTargetHead(target, draft.config)
+        # The draft may run in a cheaper precision than the target (e.g. bf16 draft, fp32 target): drafting
+        # only proposes, the target's verification alone decides the output, so this stays lossless.
+        self.head = DominoTargetHead(target, draft.config, dtype=draft.dtype)
         # Ask the target only for the hidden layers the draft reads (+1: index 0 is the embedding output), or for
         # all of them when the caller collects hidden states (`return_dict_in_generate` splits every layer).
         wanted = True if generation_config.output_hidden_states else [i + 1 for i in self.config.target_layer_ids]
@@ -333,7 +338,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         for j in range(n):
             logits = base_logits[j : j + 1]  # (1, V')
             if tables is not None and j >= self.config.pure_draft_prefix_len:
-                logits = logits + tables.correction(hidden_part[j : j + 1], state).float()
+                logits = torch.add(logits, tables.correction(hidden_part[j : j + 1], state))  # promotes to fp32
             full_logits = self._process(logits, sequence)
             if self.threshold > 0.0:
                 # Decide on this slot from its distribution only, never from the token it will draw: a

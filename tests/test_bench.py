@@ -317,11 +317,13 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
             "--out", str(tmp_path / "out"), "--threads", "1"]
-    assert bench_cli.run(_parse(argv + ["--confidence-threshold", "0.25"])) == 0
+    overrides = ["--confidence-threshold", "0.25", "--draft-dtype", "bfloat16"]
+    assert bench_cli.run(_parse(argv + overrides)) == 0
     assert "| domino |" in capsys.readouterr().out
     config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]
     assert config["prompt_sets"] == {"prompts": 2} and config["threads"] == 1 and config["profile"] is True
     assert config["confidence_threshold"] == 0.25
+    assert config["dtype"] == "float32" and config["draft_dtype"] == "bfloat16"
     assert (tmp_path / "out" / "bench_speedup.png").exists() and (tmp_path / "out" / "bench_profile.png").exists()
 
     _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)
@@ -348,3 +350,14 @@ def test_humaneval_pass1_end_to_end(tiny_tokenizer):
     assert result["executor"] and result["domino_tau"] >= 1.0
     table = pass1_table(result)
     assert "| domino | 0.000 |" in table and "→ agree" in table
+
+
+def test_draft_dtype_auto(monkeypatch):
+    """auto: bf16 draft only for an fp32 target on a CPU with native bf16; otherwise the target's dtype."""
+    monkeypatch.setattr(bench_cli, "cpu_has_native_bf16", lambda: True)
+    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.bfloat16
+    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cuda") == torch.float32
+    assert bench_cli.resolve_draft_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
+    assert bench_cli.resolve_draft_dtype("float16", torch.float32, "cpu") == torch.float16
+    monkeypatch.setattr(bench_cli, "cpu_has_native_bf16", lambda: False)
+    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.float32

@@ -348,3 +348,22 @@ def test_max_draft_tokens_caps_the_proposal_and_stays_lossless(fitted_pair, monk
     monkeypatch.setattr(draft.config, "max_draft_tokens", 2)
     _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=20)
     assert max(stats.drafted) == 2 and stats.num_steps > 0
+
+
+@pytest.mark.parametrize("draft_vocab_ids", [None, "produced"])
+def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_ids):
+    """A draft in a cheaper precision than the target (the CPU bench's default where bf16 is native) only
+    changes what is proposed: the fp32 target's verification keeps the output identical, and the fitted draft
+    still gets accepted."""
+    vocab = _produced_tokens(make_tiny_target("llama"), tiny_prompts(2)) if draft_vocab_ids else None
+    target, draft, prompts = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
+    draft = draft.to(torch.bfloat16)
+    generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0])
+    assert generator.head.weight.dtype == (torch.bfloat16 if vocab else torch.float32)  # no full-vocabulary copy
+    accepted = 0
+    for ids in prompts[:2] + tiny_prompts(1, seed=5):
+        _, stats = greedy_both(target, draft, ids, max_new_tokens=24)
+        assert_drafted(stats)
+        accepted += sum(stats.accepted)
+    assert accepted > 0
+

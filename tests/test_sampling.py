@@ -154,6 +154,16 @@ def test_adaptive_draft_length_keeps_sampling_exact(target, fitted_draft, monkey
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN
 
 
+def test_bf16_draft_keeps_sampling_exact(target, fitted_draft):
+    """q is whatever the (bf16) draft drew from, upcast: a cheaper draft precision changes acceptance only."""
+    import copy
+
+    draft = copy.deepcopy(fitted_draft).to(torch.bfloat16)
+    counts, drafted, accepted = sample(target, 700, seed=3, assistant_model=draft)
+    assert 0 < accepted < drafted
+    assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN
+
+
 def test_wrong_q_is_caught(target, monkeypatch):
     """Teeth: drafting from the draft's q but handing transformers a uniform q breaks the distribution, and the
     chi-square check above notices with few samples."""

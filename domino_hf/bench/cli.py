@@ -94,7 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype",
         default="float32",
         choices=DTYPES,
-        help="dtype of all models; greedy identity needs float32 on CPU (default: %(default)s)",
+        help="dtype of the target (and assistant); greedy identity needs float32 on CPU (default: %(default)s)",
+    )
+    models.add_argument(
+        "--draft-dtype",
+        default="auto",
+        choices=("auto", *DTYPES),
+        help="dtype of the Domino draft. Drafting only proposes tokens, so a cheaper draft precision keeps the "
+        "output exact. auto = bfloat16 for a float32 target on a CPU with native bf16 matmuls (avx512_bf16 / "
+        "amx_bf16), else the target's dtype (default: %(default)s)",
     )
     models.add_argument(
         "--device",
@@ -266,6 +274,27 @@ def resolve_device(device: str) -> str:
     return device
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), where oneDNN's bf16 matmuls beat fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_draft_dtype(name: str, target_dtype, device: str):
+    """`--draft-dtype`: an explicit dtype, or `auto` (see its help)."""
+    import torch
+
+    if name != "auto":
+        return getattr(torch, name)
+    if device == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
 def load_draft(name: str, dtype, device):
     from transformers import AutoModel
 
@@ -357,7 +386,8 @@ def _run(args: argparse.Namespace) -> int:
         logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
 
     target, tokenizer = load_target(args.target, dtype, device)
-    draft = load_draft(draft_name, dtype, device) if draft_name else None
+    draft_dtype = resolve_draft_dtype(args.draft_dtype, dtype, device)
+    draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
     if draft is not None and args.confidence_threshold is not None:
         draft.config.draft_confidence_threshold = args.confidence_threshold
     if draft is not None and args.max_draft_tokens is not None:
@@ -379,6 +409,7 @@ def _run(args: argparse.Namespace) -> int:
             "draft": args.draft or (DEFAULT_DRAFT if draft_name else None),
             "assistant": args.assistant,
             "dtype": args.dtype,
+            "draft_dtype": str(draft_dtype).removeprefix("torch.") if draft is not None else None,
             "device": device,
             "sources": args.prompts,
             "system": args.system,

@@ -116,6 +116,11 @@ def pass1_table(pass1: dict) -> str:
     return "\n".join(lines)
 
 
+def draft_dtype_note(config: dict) -> str:
+    dtype = config.get("draft_dtype")
+    return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
+
+
 def markdown(result: dict) -> str:
     """The human-readable report: headline table, per-set breakdown, profile, settings."""
     config = result["config"]
@@ -126,7 +131,7 @@ def markdown(result: dict) -> str:
         "",
         f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
         f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s), dtype "
-        f"{config.get('dtype', '?')}, device {config.get('device', '?')}.",
+        f"{config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
         "",
         "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
         "method's (prefill excluded, medians over prompts × repeats).",
