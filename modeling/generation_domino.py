@@ -54,8 +54,8 @@ class DominoTargetHead:
     """The target's frozen input embedding and LM head, as the draft uses them.
 
     With a draft sub-vocabulary the LM head is a row selection of the target's (made here, at generation or
-    training time: it is never stored in the checkpoint); `dtype` then casts those rows, so a draft loaded in
-    another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision. Final-logit soft-capping of the target (Gemma) is
+    training time: it is never stored in the checkpoint). `dtype` casts the LM head (rows), so a draft loaded
+    in another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision. Final-logit soft-capping of the target (Gemma) is
     applied to the base logits, so the draft models the distribution the target actually produces.
     """
 
@@ -69,8 +69,6 @@ class DominoTargetHead:
             self.draft_vocab_ids = torch.tensor(config.draft_vocab_ids, dtype=torch.long, device=weight.device)
             weight = weight.index_select(0, self.draft_vocab_ids)
             bias = bias.detach().index_select(0, self.draft_vocab_ids) if bias is not None else None
-        if dtype is not None and self.draft_vocab_ids is None:
-            dtype = None  # a cast copy of the whole LM head per call would cost more than it saves
         self.weight = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.detach().to(self.weight)
         self.vocab_size = lm_head.weight.shape[0]
@@ -81,6 +79,21 @@ class DominoTargetHead:
             self.vocab_map[self.draft_vocab_ids.to(self.weight.device)] = torch.arange(
                 len(self.draft_vocab_ids), device=self.weight.device
             )
+
+    @classmethod
+    def cached(cls, draft, target) -> "DominoTargetHead":
+        """The generation-time head in the draft's dtype, reused across `generate` calls while the target's
+        embedding and LM head, the draft's dtype and its sub-vocabulary are unchanged. When the draft's dtype
+        differs from the target's, this holds a copy of the LM head (its sub-vocabulary rows, or all of it)."""
+        weights = (target.get_input_embeddings().weight, target.get_output_embeddings().weight)
+        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        key += (draft.dtype, hash(tuple(draft.config.draft_vocab_ids or ())))
+        saved = getattr(draft, "_domino_target_head", None)
+        if saved is None or saved[0] != key:
+            saved = (key, cls(target, draft.config, dtype=draft.dtype))
+            if not draft.training:
+                draft._domino_target_head = saved
+        return saved[1]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(…,) ids -> (…, E) target input embeddings (including any scaling the target applies)."""
@@ -222,7 +235,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.config = draft.config
         # The draft may run in a cheaper precision than the target (e.g. bf16 draft, fp32 target): drafting
         # only proposes, the target's verification alone decides the output, so this stays lossless.
-        self.head = DominoTargetHead(target, draft.config, dtype=draft.dtype)
+        self.head = DominoTargetHead.cached(draft, target)
         # Ask the target only for the hidden layers the draft reads (+1: index 0 is the embedding output), or for
         # all of them when the caller collects hidden states (`return_dict_in_generate` splits every layer).
         wanted = True if generation_config.output_hidden_states else [i + 1 for i in self.config.target_layer_ids]
@@ -376,10 +389,22 @@ class DominoCandidateGenerator(CandidateGenerator):
             index = logits.argmax(dim=-1, keepdim=True)
             return self.head.to_target_ids(index), index
         if self.do_sample:
-            token = torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
+            token = self._sample(full_logits)
         else:
             token = full_logits.argmax(dim=-1, keepdim=True)
         return token, self.head.to_draft_index(token)
+
+    def _sample(self, full_logits):
+        """One draw from softmax(full_logits) (1, V) -> (1, 1). With a sub-vocabulary every other logit is
+        normally −inf (probability 0), so drawing over the sub-vocabulary's columns is the same distribution
+        with V/V' times fewer random numbers; a processor that put mass outside it falls back to the full draw."""
+        ids = self.head.draft_vocab_ids
+        if ids is not None:
+            ids = ids.to(full_logits.device)
+            sub_logits = full_logits[:, ids]  # (1, V')
+            if int(torch.isfinite(full_logits).sum()) == int(torch.isfinite(sub_logits).sum()):
+                return ids[torch.multinomial(sub_logits.softmax(dim=-1), num_samples=1)]
+        return torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._pending_drafted is not None:

@@ -359,7 +359,9 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
     target, draft, prompts = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
     draft = draft.to(torch.bfloat16)
     generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0])
-    assert generator.head.weight.dtype == (torch.bfloat16 if vocab else torch.float32)  # no full-vocabulary copy
+    assert generator.head.weight.dtype == torch.bfloat16
+    again = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[1])
+    assert again.head is generator.head  # cast once, reused by later generate calls
     accepted = 0
     for ids in prompts[:2] + tiny_prompts(1, seed=5):
         _, stats = greedy_both(target, draft, ids, max_new_tokens=24)

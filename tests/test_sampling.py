@@ -15,7 +15,7 @@ from collections import Counter
 import pytest
 import torch
 from conftest import fit_tiny_draft, make_tiny_draft, make_tiny_target, tiny_prompts
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from domino_hf import DominoCandidateGenerator
 
@@ -162,6 +162,29 @@ def test_bf16_draft_keeps_sampling_exact(target, fitted_draft):
     counts, drafted, accepted = sample(target, 700, seed=3, assistant_model=draft)
     assert 0 < accepted < drafted
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN
+
+
+class LiftOutsideToken(LogitsProcessor):
+    """Gives token 1 the best finite logit minus 1: with a sub-vocabulary [0, 2, 4] that is mass outside it."""
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, 1] = scores.masked_fill(~torch.isfinite(scores), float("-inf")).max(dim=-1).values - 1.0
+        return scores
+
+
+def test_sampling_exact_when_a_processor_puts_mass_outside_the_sub_vocabulary(target, monkeypatch):
+    """The draw normally runs over the sub-vocabulary's columns only; a processor that lifts a token outside
+    it must send the draft back to the full-width draw, or q would be wrong."""
+    drawn = []
+    original = DominoCandidateGenerator._sample
+    monkeypatch.setattr(DominoCandidateGenerator, "_sample", lambda self, logits: drawn.append(t := original(self, logits)) or t)
+    draft = peaked_draft(target, draft_vocab_ids=[0, 2, 4])
+    processors = LogitsProcessorList([LiftOutsideToken()])
+    counts, drafted, accepted = sample(target, 600, seed=5, assistant_model=draft, logits_processor=processors)
+    assert drafted > 0 and any(int(t) == 1 for t in drawn)  # the draft proposed the outside token
+    assert any(int(t) in (0, 2, 4) for t in drawn)
+    assert chi_square_pvalue(counts, exact_distribution(target, processors)) > P_MIN
 
 
 def test_wrong_q_is_caught(target, monkeypatch):
