@@ -50,13 +50,30 @@ class DominoContextCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+def _weights_key(*weights: torch.Tensor) -> tuple:
+    """Identifies the current contents of `weights`: storage, in-place version counter, dtype, device."""
+    return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+
+
+def _cached_on(draft, name: str, key: tuple, build):
+    """`build()` memoised on `draft` under `name` while `key` is unchanged; never stored while the draft
+    trains, since its weights change every step."""
+    saved = getattr(draft, name, None)
+    if saved is None or saved[0] != key:
+        saved = (key, build())
+        if not draft.training:
+            setattr(draft, name, saved)
+    return saved[1]
+
+
 class DominoTargetHead:
     """The target's frozen input embedding and LM head, as the draft uses them.
 
     With a draft sub-vocabulary the LM head is a row selection of the target's (made here, at generation or
     training time: it is never stored in the checkpoint). `dtype` casts the LM head (rows), so a draft loaded
-    in another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision. Final-logit soft-capping of the target (Gemma) is
-    applied to the base logits, so the draft models the distribution the target actually produces.
+    in another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision.
+    Final-logit soft-capping of the target (Gemma) is applied to the base logits, so the draft models the
+    distribution the target actually produces.
     """
 
     def __init__(self, target, config, device=None, dtype=None):
@@ -85,15 +102,9 @@ class DominoTargetHead:
         """The generation-time head in the draft's dtype, reused across `generate` calls while the target's
         embedding and LM head, the draft's dtype and its sub-vocabulary are unchanged. When the draft's dtype
         differs from the target's, this holds a copy of the LM head (its sub-vocabulary rows, or all of it)."""
-        weights = (target.get_input_embeddings().weight, target.get_output_embeddings().weight)
-        key = tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
+        key = _weights_key(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
         key += (draft.dtype, hash(tuple(draft.config.draft_vocab_ids or ())))
-        saved = getattr(draft, "_domino_target_head", None)
-        if saved is None or saved[0] != key:
-            saved = (key, cls(target, draft.config, dtype=draft.dtype))
-            if not draft.training:
-                draft._domino_target_head = saved
-        return saved[1]
+        return _cached_on(draft, "_domino_target_head", key, lambda: cls(target, draft.config, dtype=draft.dtype))
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """(…,) ids -> (…, E) target input embeddings (including any scaling the target applies)."""
@@ -198,15 +209,9 @@ class DominoHeadTables:
     @classmethod
     def cached(cls, draft, head: DominoTargetHead) -> "DominoHeadTables":
         """Reuse the tables while neither the draft's head nor the target embedding changed (in place)."""
-        weights = (head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
-        rows = hash(tuple(draft.config.draft_vocab_ids or ()))
-        key = tuple((w.data_ptr(), w._version, w.dtype) for w in weights) + (rows,)
-        saved = getattr(draft, "_domino_head_tables", None)
-        if saved is None or saved[0] != key:
-            saved = (key, cls(draft, head))
-            if not draft.training:
-                draft._domino_head_tables = saved
-        return saved[1]
+        key = _weights_key(head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
+        key += (hash(tuple(draft.config.draft_vocab_ids or ())),)
+        return _cached_on(draft, "_domino_head_tables", key, lambda: cls(draft, head))
 
     def input_gates(self, draft_index: torch.Tensor, target_id: torch.Tensor) -> torch.Tensor:
         """W_ih · emb(token) -> (1, 3·Hg)."""
