@@ -127,6 +127,9 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples.")
     parser.add_argument("--batch-size", type=int, default=8, help="Sequences per target forward.")
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+                        help="Dtype of the target's forward (features are stored in float16 either way); bfloat16 "
+                        "is several times faster on CPUs with native bf16 (default: %(default)s).")
     parser.set_defaults(func=run)
 
 
@@ -137,7 +140,7 @@ def run(args) -> int:
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, _ = load_target(args.target)
+        target, _ = load_target(args.target, dtype=getattr(torch, args.dtype))
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2
