@@ -160,7 +160,7 @@ def test_two_processes_train_the_same_model_as_one(target, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     subprocess.run([sys.executable, worker, str(data), str(tmp_path / "one"), "4", "4"], check=True, env=env,
                    capture_output=True)
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]  # a free port
     result = subprocess.run([*torchrun, worker, str(data), str(tmp_path / "two"), "2", "4"], env=env,
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-3000:]
