@@ -19,6 +19,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from .regen import DTYPES
+
 logger = logging.getLogger(__name__)
 
 META = "features.json"
@@ -127,7 +129,7 @@ def register(subparsers) -> None:
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples.")
     parser.add_argument("--batch-size", type=int, default=8, help="Sequences per target forward.")
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                         help="Dtype of the target's forward (features are stored in float16 either way); bfloat16 "
                         "is several times faster on CPUs with native bf16 (default: %(default)s).")
     parser.set_defaults(func=run)
@@ -140,7 +142,7 @@ def run(args) -> int:
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, _ = load_target(args.target, dtype=getattr(torch, args.dtype))
+        target, _ = load_target(args.target, dtype=DTYPES[args.dtype])
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2

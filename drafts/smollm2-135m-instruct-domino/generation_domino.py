@@ -255,6 +255,8 @@ class DominoCandidateGenerator(CandidateGenerator):
         ]
         self.return_logits = self.do_sample or generation_config.assistant_ensemble_weight is not None
         self.use_head = draft.has_domino_head
+        # Head tables once per generate call (weights do not change while generating), not per step.
+        self.tables = DominoHeadTables.cached(draft, self.head) if self.use_head else None
         self.slot_offset = 0 if self.config.shift_label else 1
         self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
         self.stats = DominoGenerationStats()
@@ -344,7 +346,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         after [anchor, d_1 … d_j]). Drafting stops early at a stop criterion, or when the draft's chain
         probability would fall below `draft_confidence_threshold` (fewer candidates: still lossless)."""
         n = base_logits.shape[0]
-        tables = DominoHeadTables.cached(self.draft, self.head) if self.use_head else None
+        tables = self.tables
         if tables is not None:
             hidden_part = F.linear(slot_hidden, tables.w1_hidden)  # (n, r): all slots in one matmul
             anchor = input_ids[:, -1]
