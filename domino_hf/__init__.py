@@ -11,6 +11,7 @@ import logging
 
 from transformers import AutoConfig, AutoModel
 
+from .cpu_kernels import is_optimized, optimize_for_cpu, restore_stock_kernels, stock_kernels
 from .modeling import (
     DominoCandidateGenerator,
     DominoConfig,
@@ -35,5 +36,9 @@ __all__ = [
     "DominoContextCache",
     "DominoTargetHead",
     "install_generate_hook",
+    "optimize_for_cpu",
+    "restore_stock_kernels",
+    "stock_kernels",
+    "is_optimized",
     "__version__",
 ]

@@ -361,3 +361,30 @@ def test_draft_dtype_auto(monkeypatch):
     assert bench_cli.resolve_draft_dtype("float16", torch.float32, "cpu") == torch.float16
     monkeypatch.setattr(bench_cli, "cpu_has_native_bf16", lambda: False)
     assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.float32
+
+
+def test_optimized_kernels_add_a_stock_baseline(bench_models):
+    """On an optimize_for_cpu target every method uses the packed kernels and a stock-kernel plain-decoding run
+    is interleaved: speedups are against the same kernels, `speedup_vs_stock` against stock transformers."""
+    import copy
+
+    from domino_hf import is_optimized, optimize_for_cpu
+    from domino_hf.bench.stats import AR_STOCK
+
+    target, draft, _, prompts, _ = bench_models
+    target, draft = optimize_for_cpu(copy.deepcopy(target)), optimize_for_cpu(copy.deepcopy(draft))
+    config = BenchConfig(methods=("autoregressive", "domino"), max_new_tokens=12, warmup=0, progress=False)
+    result = run_benchmark(target, prompts[:2], config, draft=draft)
+    assert is_optimized(target)  # the stock baseline switched the kernels back afterwards
+    assert result["config"]["target_kernels"] == "optimized"
+    methods = result["methods"]
+    assert list(methods) == ["autoregressive", "domino", AR_STOCK]
+    assert methods["domino"]["lossless"] is True and methods[AR_STOCK]["lossless"] is None
+    stock_ms = methods[AR_STOCK]["decode_ms_per_token"]
+    assert methods["autoregressive"]["speedup_vs_stock"] == pytest.approx(
+        stock_ms / methods["autoregressive"]["decode_ms_per_token"]
+    )
+    from domino_hf.bench.report import markdown
+
+    text = markdown(result)
+    assert "vs stock transformers" in text and "`optimized`" in text

@@ -25,6 +25,7 @@ import logging
 from pathlib import Path
 
 from .instrument import PHASES
+from .stats import AR_STOCK
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,9 @@ def _fmt(value, pattern="{:.2f}", missing="–"):
     return missing if value is None else pattern.format(value)
 
 
-def _lossless(value) -> str:
+def _lossless(value, name: str = "") -> str:
+    if value is None and name == AR_STOCK:
+        return "n/a (other kernels)"
     return {True: "yes", False: "**NO**", None: "n/a (sampling)"}[value]
 
 
@@ -45,15 +48,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def methods_table(methods: dict) -> str:
-    header = ["method", "τ", "speedup", "decode ms/token", "tokens/s (e2e)", "lossless"]
+    vs_stock = any(m.get("speedup_vs_stock") is not None for m in methods.values())
+    header = ["method", "τ", "speedup", *(["vs stock transformers"] if vs_stock else [])]
+    header += ["decode ms/token", "tokens/s (e2e)", "lossless"]
     rows = [
         [
             name,
             _fmt(m["tau"]),
             _fmt(m["speedup"], "{:.2f}×"),
+            *([_fmt(m.get("speedup_vs_stock"), "{:.2f}×")] if vs_stock else []),
             _fmt(m["decode_ms_per_token"], "{:.1f}"),
             _fmt(m["tokens_per_s"], "{:.1f}"),
-            _lossless(m["lossless"]),
+            _lossless(m["lossless"], name),
         ]
         for name, m in methods.items()
     ]
@@ -116,6 +122,12 @@ def pass1_table(pass1: dict) -> str:
     return "\n".join(lines)
 
 
+STOCK_NOTE = (
+    " vs stock transformers = the same ratio against plain decoding on stock transformers kernels "
+    f"(`{AR_STOCK}`), timed in the same run: what switching from stock `generate` gains."
+)
+
+
 def draft_dtype_note(config: dict) -> str:
     dtype = config.get("draft_dtype")
     return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
@@ -134,7 +146,8 @@ def markdown(result: dict) -> str:
         f"{config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
         "",
         "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
-        "method's (prefill excluded, medians over prompts × repeats).",
+        "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
+        f"(`{config.get('target_kernels', 'stock')}`)." + STOCK_NOTE * (AR_STOCK in result["methods"]),
         "",
         methods_table(result["methods"]),
     ]

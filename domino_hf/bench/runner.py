@@ -6,6 +6,10 @@ all methods run back to back, in an order rotated per prompt, so slow drifts of 
 jobs, thermal state) hit every method alike instead of whichever method happened to run last. Each method
 gets `warmup` untimed calls first (allocator, kernels and lazy imports settle there).
 
+When the target runs `domino_hf.optimize_for_cpu` kernels, every method uses them, and one more method,
+`autoregressive_stock_kernels`, times plain decoding on stock kernels in the same interleaved loop: speedups are
+against plain decoding on the same kernels, `speedup_vs_stock` against stock transformers.
+
 Sampling runs reseed torch with the same seed for every method of a given (prompt, repeat): the draws of the
 target are then comparable, though a drafting method consumes extra random numbers, so sampled outputs
 differ between methods by design. Greedy outputs must be identical to autoregressive decoding token by
@@ -30,8 +34,9 @@ from dataclasses import asdict, dataclass, field
 import torch
 from transformers import GenerationConfig
 
+from ..cpu_kernels import is_optimized, stock_kernels
 from .instrument import ForwardProbe, RunRecord, TimingStreamer, steps_from_probe
-from .stats import AR, summarize
+from .stats import AR, AR_STOCK, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +111,21 @@ class Method:
 
 class Autoregressive(Method):
     name = AR
+
+
+class StockAutoregressive(Method):
+    """Plain decoding with the target's layers switched back to stock kernels for the call (added by
+    `run_benchmark` when the target runs `optimize_for_cpu` kernels): the baseline of `speedup_vs_stock`."""
+
+    name = AR_STOCK
+
+    def __init__(self, target):
+        self.target = target
+
+    @contextlib.contextmanager
+    def active(self):
+        with stock_kernels(self.target):
+            yield
 
 
 class PromptLookup(Method):
@@ -326,6 +346,9 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
         raise ValueError("No prompts to benchmark.")
     profile = resolve_profile(config.profile, target.device)
     methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens, profile)
+    kernels = "optimized" if is_optimized(target) else "stock"
+    if kernels == "optimized" and AR in config.methods:
+        methods.append(StockAutoregressive(target))
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
     probes = _Probes(target, [assistant], profile)
     runs: list[RunRecord] = []
@@ -350,7 +373,9 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
         probes.remove()
 
     names = [m.name for m in methods]
-    result = {"config": _config_record(config, prompts, profile), **summarize(runs, names, config.greedy, profile)}
+    record = _config_record(config, prompts, profile)
+    record["target_kernels"] = kernels
+    result = {"config": record, **summarize(runs, names, config.greedy, profile)}
     result["runs"] = [r.summary() for r in runs]
     for name, found in result["mismatches"].items():
         first = found[0]

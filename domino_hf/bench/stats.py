@@ -21,6 +21,10 @@ from collections import Counter, defaultdict
 from .instrument import DRAFT_PHASES, PHASES, RunRecord
 
 AR = "autoregressive"
+# Plain decoding on stock transformers kernels, timed beside optimized-kernel runs (`--target-kernels optimized`):
+# `speedup_vs_stock` is what a user switching from stock `generate` gains. Its tokens are not lossless-checked:
+# another kernel set may flip a near-tied argmax.
+AR_STOCK = "autoregressive_stock_kernels"
 MAX_REPORTED_MISMATCHES = 20
 
 
@@ -57,7 +61,9 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
-def summarize_method(runs: list[RunRecord], ar_runs: list[RunRecord] | None) -> dict:
+def summarize_method(
+    runs: list[RunRecord], ar_runs: list[RunRecord] | None, stock_runs: list[RunRecord] | None = None
+) -> dict:
     """Aggregate the runs of one method (optionally restricted to one prompt set)."""
     drafted = [d for r in runs for d in r.drafted]
     accepted = [a for r in runs for a in r.accepted]
@@ -67,6 +73,7 @@ def summarize_method(runs: list[RunRecord], ar_runs: list[RunRecord] | None) -> 
         "tau": tau(accepted),
         "speedup": None,
         "speedup_paired": None,
+        "speedup_vs_stock": None,
         "tokens_per_s": _ratio(sum(r.new_tokens for r in runs), sum(r.total_s for r in runs)),
         "decode_ms_per_token": ms,
         "prefill_ms": _median([1000 * r.prefill_s for r in runs]),
@@ -89,6 +96,8 @@ def summarize_method(runs: list[RunRecord], ar_runs: list[RunRecord] | None) -> 
             if r.decode_ms_per_token
         ]
         result["speedup_paired"] = 1.0 if runs is ar_runs else _median(paired)
+    if stock_runs:
+        result["speedup_vs_stock"] = _ratio(_median([r.decode_ms_per_token for r in stock_runs]), ms)
     return result
 
 
@@ -148,7 +157,7 @@ def find_mismatches(runs: list[RunRecord]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         ref = reference.get((r.prompt_set, r.prompt_id))
-        if ref is None or r.output_ids == ref:
+        if ref is None or r.output_ids == ref or r.method == AR_STOCK:
             continue
         pos = next((i for i, (a, b) in enumerate(zip(ref, r.output_ids)) if a != b), min(len(ref), len(r.output_ids)))
         out[r.method].append(
@@ -175,12 +184,13 @@ def summarize(runs: list[RunRecord], methods: list[str], greedy: bool, profile: 
     mismatches = find_mismatches(runs) if greedy else {}
 
     def block(selected: dict[str, list[RunRecord]], scope: set[str]) -> dict:
-        ar_runs = selected.get(AR)
-        summary = {m: summarize_method(selected[m], ar_runs) for m in methods if selected.get(m)}
+        ar_runs, stock_runs = selected.get(AR), selected.get(AR_STOCK)
+        summary = {m: summarize_method(selected[m], ar_runs, stock_runs) for m in methods if selected.get(m)}
         for name, values in summary.items():
+            checked = greedy and name != AR_STOCK
             bad = sum(x["set"] in scope for x in mismatches.get(name, []))
-            values["lossless"] = (bad == 0) if greedy else None
-            values["mismatched_runs"] = bad if greedy else None
+            values["lossless"] = (bad == 0) if checked else None
+            values["mismatched_runs"] = bad if checked else None
         return summary
 
     sets = sorted({r.prompt_set for r in runs})

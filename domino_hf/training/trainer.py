@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import Trainer, TrainerCallback
 
+from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
 from .objective import DominoObjective, curriculum_lambda
 
@@ -56,6 +57,9 @@ class DominoTrainer(Trainer):
         super().__init__(*args, **kwargs)
         self.target = target.to(self.args.device).eval().requires_grad_(False)
         draft = self.model.draft
+        if is_optimized(draft):  # packed copies are inference-only: free them rather than repack every step
+            restore_stock_kernels(draft)
+            logger.warning("The draft ran optimize_for_cpu kernels; restored stock kernels for training.")
         self.target_head = DominoTargetHead(self.target, draft.config, device=self.args.device)
         self.layer_ids = [i + 1 for i in draft.config.target_layer_ids]
         self.use_curriculum = use_curriculum

@@ -1,0 +1,165 @@
+"""Cheap, exact CPU inference kernels for any 🤗 model: every `nn.Linear` on weights pre-packed for oneDNN.
+
+Why: speculative decoding pays one target forward over k+1 tokens per step. With stock fp32 kernels
+(`nn.Linear` → MKL sgemm) a forward over 2–16 tokens costs 1.3–1.6× a 1-token forward on these CPUs, which
+eats most of what a draft saves. The same GEMMs on oneDNN with the weights reordered once into its blocked
+layout cost about the same for 1 to 8 rows, and a 1-token step is faster too (docs/cpu_kernels.md).
+
+Contract of `optimize_for_cpu(model)`:
+
+* In place, returns the model; idempotent (a second call repacks nothing). Opt-in, for inference.
+* Every plain `nn.Linear` on the CPU in float32 or bfloat16 gets a packed copy of its weight (the LM head
+  included; a tied input embedding keeps using the original tensor). Subclasses of `nn.Linear` (quantised
+  layers, LoRA wrappers, …) and other dtypes are left alone and counted in one log line.
+* The parameters are untouched, so `state_dict`/`save_pretrained` write exactly what they wrote before: the
+  packed copy is a plain attribute, never a buffer.
+* Always correct, never stale: the packed copy is used only when no gradient is needed and the weight is
+  still the tensor (same version, dtype and device) it was packed from; otherwise the stock `F.linear` runs,
+  and the next inference call repacks. Training an optimized model therefore trains the real weights;
+  `domino train` still undoes the optimisation first (`restore_stock_kernels`) to free the copies.
+* On a model that is not on the CPU it does nothing and warns once.
+* Memory: one packed copy per weight (+ the model's Linear weights in resident memory, measured in the docs).
+
+Outputs are not bit-identical to stock kernels (another summation order), but as close as two fp32 GEMMs
+get (≤ 1e-4 on logits in the tests); the target with optimized kernels is the model you decode with, and
+speculative decoding stays exactly lossless against plain decoding *on the same kernels*.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+_warned_devices: set[str] = set()
+
+
+def _weight_key(weight: torch.Tensor) -> tuple:
+    """What the packed copy was made from: the tensor's storage, in-place version, dtype and device."""
+    return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
+
+
+class PackedLinear(nn.Linear):
+    """`nn.Linear` whose inference forward runs oneDNN on a pre-packed copy of the weight.
+
+    Installed by swapping the class of an existing `nn.Linear` (no new parameters, same state dict); the
+    stock forward runs whenever a gradient is needed or the weight changed since packing.
+    """
+
+    _packed_weight: torch.Tensor | None
+    _packed_key: tuple | None
+
+    def repack(self) -> None:
+        weight = self.weight.detach()
+        self._packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self._packed_key = _weight_key(self.weight)
+
+    def _can_use_packed(self, x: torch.Tensor) -> bool:
+        weight = self.weight
+        if weight.device.type != "cpu" or weight.dtype not in PACKABLE_DTYPES or x.dtype != weight.dtype:
+            return False
+        return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self._can_use_packed(x):
+            return F.linear(x, self.weight, self.bias)
+        if self._packed_key != _weight_key(self.weight):
+            self.repack()
+        return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+
+    def __getstate__(self):
+        # oneDNN tensors cannot be copied or pickled: a deep copy / unpickled module repacks on first use.
+        state = self.__dict__.copy()
+        state["_packed_weight"], state["_packed_key"] = None, None
+        return state
+
+
+def _model_device(model: nn.Module) -> torch.device | None:
+    for parameter in model.parameters():
+        return parameter.device
+    return None
+
+
+def optimize_for_cpu(model: nn.Module) -> nn.Module:
+    """Run every plain `nn.Linear` of `model` on pre-packed oneDNN weights; see the module doc.
+
+    Returns `model` (changed in place). Logs how many layers were packed and how many were skipped (layers
+    that are `nn.Linear` subclasses such as quantised or adapter layers, or in a dtype other than
+    float32/bfloat16).
+    """
+    device = _model_device(model)
+    if device is None:
+        return model
+    if device.type != "cpu":
+        name = type(model).__name__
+        if name not in _warned_devices:
+            _warned_devices.add(name)
+            logger.warning("optimize_for_cpu: %s is on %s, not the CPU; leaving its kernels unchanged.", name, device)
+        return model
+    if not torch.backends.mkldnn.is_available():
+        logger.warning("optimize_for_cpu: this PyTorch build has no oneDNN (mkldnn); leaving kernels unchanged.")
+        return model
+    packed = already = 0
+    skipped: dict[str, int] = {}
+    with torch.no_grad():
+        for module in model.modules():
+            if type(module) is PackedLinear:
+                already += 1
+            elif type(module) is nn.Linear and module.weight.device.type == "cpu" and (
+                module.weight.dtype in PACKABLE_DTYPES
+            ):
+                module.__class__ = PackedLinear
+                module.repack()
+                packed += 1
+            elif isinstance(module, nn.Linear):
+                reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
+                skipped[reason] = skipped.get(reason, 0) + 1
+    if packed or skipped or already:
+        detail = ", ".join(f"{n} × {why}" for why, n in sorted(skipped.items()))
+        logger.info(
+            "optimize_for_cpu: %d linear layer(s) on pre-packed oneDNN weights%s; skipped %d%s.",
+            packed,
+            f" ({already} already)" if already else "",
+            sum(skipped.values()),
+            f" ({detail})" if detail else "",
+        )
+    return model
+
+
+def restore_stock_kernels(model: nn.Module) -> nn.Module:
+    """Undo `optimize_for_cpu`: plain `nn.Linear` layers again, packed copies freed. Idempotent."""
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            module.__class__ = nn.Linear
+            module.__dict__.pop("_packed_weight", None)
+            module.__dict__.pop("_packed_key", None)
+    return model
+
+
+def is_optimized(model: nn.Module) -> bool:
+    """Whether any layer of `model` runs on packed weights."""
+    return any(type(m) is PackedLinear for m in model.modules())
+
+
+@contextlib.contextmanager
+def stock_kernels(model: nn.Module) -> Iterator[nn.Module]:
+    """Temporarily run an optimized model on the stock kernels (the packed copies are kept for afterwards).
+
+    The benchmark uses it to time stock transformers decoding interleaved with the optimized methods on one
+    loaded model.
+    """
+    layers = [m for m in model.modules() if type(m) is PackedLinear]
+    for module in layers:
+        module.__class__ = nn.Linear
+    try:
+        yield model
+    finally:
+        for module in layers:
+            module.__class__ = PackedLinear

@@ -1,0 +1,145 @@
+"""`optimize_for_cpu`: packed oneDNN linears match stock kernels, keep generation lossless, and stay invisible
+to saving, copying and training."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+from conftest import greedy_both, make_tiny_draft, make_tiny_target, tiny_prompts
+from torch import nn
+
+from domino_hf import is_optimized, optimize_for_cpu, restore_stock_kernels, stock_kernels
+from domino_hf.cpu_kernels import PackedLinear
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def packed_layers(model) -> int:
+    return sum(type(m) is PackedLinear for m in model.modules())
+
+
+@pytest.mark.parametrize(
+    "arch, overrides",
+    [
+        ("llama", {"tie_word_embeddings": True}),
+        ("qwen3", {"tie_word_embeddings": False}),
+        ("qwen2", {}),  # q/k/v projections with a bias
+        ("gemma3", {}),  # soft-capped logits, scaled embeddings, tied head
+    ],
+)
+def test_logits_match_stock_kernels(arch, overrides):
+    target = make_tiny_target(arch, vocab_size=64, **overrides)
+    ids = torch.randint(0, 64, (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = target(ids).logits
+        optimize_for_cpu(target)
+        optimized = target(ids).logits
+    linears = sum(isinstance(m, nn.Linear) for m in target.modules())
+    assert packed_layers(target) == linears > 0
+    assert (optimized - reference).abs().max() <= 1e-4
+    if overrides.get("tie_word_embeddings") or arch == "gemma3":
+        assert target.get_output_embeddings().weight is target.get_input_embeddings().weight
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_greedy_identity_plain_and_domino_on_an_optimized_target(arch):
+    target = optimize_for_cpu(make_tiny_target(arch, vocab_size=32))
+    draft = optimize_for_cpu(make_tiny_draft(target))
+    assert is_optimized(target) and is_optimized(draft)
+    for ids in tiny_prompts(3, vocab_size=32):
+        greedy_both(target, draft, ids, max_new_tokens=20)
+
+
+def test_idempotent_and_restorable(caplog):
+    target = make_tiny_target("llama", vocab_size=32)
+    with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
+        optimize_for_cpu(target)
+        first = {name: m._packed_weight for name, m in target.named_modules() if type(m) is PackedLinear}
+        assert optimize_for_cpu(target) is target
+    second = {name: m._packed_weight for name, m in target.named_modules() if type(m) is PackedLinear}
+    assert all(first[name] is second[name] for name in first)  # nothing repacked
+    assert "already" in caplog.text
+    restore_stock_kernels(target)
+    restore_stock_kernels(target)
+    assert not is_optimized(target)
+    assert all(type(m) is nn.Linear for m in target.modules() if isinstance(m, nn.Linear))
+
+
+def test_save_copy_and_pickle_never_carry_packed_tensors(tmp_path):
+    target = make_tiny_target("qwen3", vocab_size=32)
+    stock_state = {k: v.clone() for k, v in target.state_dict().items()}
+    optimize_for_cpu(target)
+    assert target.state_dict().keys() == stock_state.keys()
+    target.save_pretrained(tmp_path / "saved")
+    reloaded = type(target).from_pretrained(tmp_path / "saved").eval()
+    assert not is_optimized(reloaded)
+    for key, value in reloaded.state_dict().items():
+        assert torch.equal(value, stock_state[key]), key
+    clone = copy.deepcopy(target)
+    assert is_optimized(clone)
+    ids = torch.arange(10)[None]
+    with torch.no_grad():
+        assert (clone(ids).logits - target(ids).logits).abs().max() == 0
+
+
+def test_in_place_weight_changes_are_never_stale():
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8))).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        layer[0].weight.mul_(2.0)  # e.g. an optimizer step or load_state_dict
+        expected = torch.nn.functional.linear(x, layer[0].weight, layer[0].bias)
+        assert torch.allclose(layer(x), expected, atol=1e-6)
+
+
+def test_gradients_flow_through_the_stock_path():
+    model = optimize_for_cpu(nn.Sequential(nn.Linear(8, 4)))
+    reference = copy.deepcopy(model)
+    restore_stock_kernels(reference)
+    x = torch.randn(5, 8)
+    model(x).square().sum().backward()
+    reference(x).square().sum().backward()
+    assert torch.equal(model[0].weight.grad, reference[0].weight.grad)
+
+
+def test_stock_kernels_context_switches_back():
+    target = optimize_for_cpu(make_tiny_target("llama", vocab_size=32))
+    with stock_kernels(target):
+        assert not is_optimized(target)
+    assert is_optimized(target)
+
+
+def test_training_restores_stock_kernels_on_the_draft(tmp_path, caplog):
+    from transformers import TrainingArguments
+
+    from domino_hf.training.objective import DominoObjective
+    from domino_hf.training.trainer import DominoTrainer
+
+    target = make_tiny_target("llama", vocab_size=32)
+    draft = optimize_for_cpu(make_tiny_draft(target))
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[], use_cpu=True)
+    with caplog.at_level(logging.WARNING):
+        DominoTrainer(model=DominoObjective(draft), args=args, target=target, train_dataset=[])
+    assert not is_optimized(draft)
+    assert "restored stock kernels" in caplog.text
+
+
+def test_skipped_layers_are_counted_and_other_devices_warned(caplog):
+    class CustomLinear(nn.Linear):  # stands in for a quantised or adapter layer
+        pass
+
+    model = nn.Sequential(nn.Linear(4, 4), CustomLinear(4, 4), nn.Linear(4, 4).to(torch.float16))
+    with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
+        optimize_for_cpu(model)
+    assert packed_layers(model) == 1
+    assert "skipped 2" in caplog.text and "CustomLinear" in caplog.text and "float16" in caplog.text
+
+    meta = make_tiny_target("llama", vocab_size=32).to("meta")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="domino_hf.cpu_kernels"):
+        optimize_for_cpu(meta)
+        optimize_for_cpu(meta)
+    assert not is_optimized(meta)
+    assert caplog.text.count("not the CPU") == 1
