@@ -19,6 +19,7 @@ from .modeling import (
     DominoDraftModel,
     DominoTargetHead,
     install_generate_hook,
+    uninstall_generate_hook,
 )
 
 __version__ = "0.1.0"
@@ -36,6 +37,7 @@ __all__ = [
     "DominoContextCache",
     "DominoTargetHead",
     "install_generate_hook",
+    "uninstall_generate_hook",
     "optimize_for_cpu",
     "restore_stock_kernels",
     "stock_kernels",

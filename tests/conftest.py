@@ -132,6 +132,11 @@ def greedy_both(target, draft, ids, **kwargs):
     return output, draft.last_generation_stats
 
 
+def domino_drafted(stats) -> list[int]:
+    """Tokens proposed per step by the Domino block itself (context-lookup spans left out)."""
+    return [d for d, source in zip(stats.drafted, stats.sources) if source == "domino"]
+
+
 def assert_drafted(stats):
     """The draft really proposed tokens (not only the target's own steps)."""
     assert stats.num_steps > 0 and sum(stats.drafted) > 0

@@ -19,7 +19,7 @@ from domino_hf.bench.stats import histogram, per_position_acceptance, tau
 from conftest import make_tiny_target
 
 METRIC_DIR = runner.__file__.replace("runner.py", "metrics/speculative_acceptance")
-ALL = ("autoregressive", "prompt_lookup", "assisted", "dflash", "domino")
+ALL = ("autoregressive", "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino")
 FIELDS = ("tau", "speedup", "tokens_per_s", "decode_ms_per_token", "lossless", "per_position_acceptance", "histogram")
 
 
@@ -280,7 +280,7 @@ def test_cli_help_and_defaults():
     assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
     assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True
     assert bench_cli.cpu_cores() >= 1
-    assert bench_cli.choose_methods(None, None) == ["autoregressive", "prompt_lookup", "dflash", "domino"]
+    assert bench_cli.choose_methods(None, None) == ["autoregressive", "prompt_lookup", "dflash", "domino_no_lookup", "domino"]
     assert "assisted" in bench_cli.choose_methods(None, "some/assistant")
     with pytest.raises(SystemExit):
         _parse(["--help"])

@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import (
     assert_drafted,
+    domino_drafted,
     greedy_both,
     make_tiny_draft,
     make_tiny_target,
@@ -26,7 +27,7 @@ from domino_hf import DominoDraftModel
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-REMOTE_CODE = ("configuration_domino.py", "modeling_domino.py", "generation_domino.py")
+from domino_hf.modeling import REMOTE_CODE_FILES as REMOTE_CODE
 MODELING_DIR = Path(domino_hf.modeling.__file__).parent
 
 # Runs in a fresh interpreter (`python -I`, cwd outside the repo) where importing domino_hf fails.
@@ -150,7 +151,7 @@ def test_published_domino_dialect(tmp_path, projector_type):
     for ids in tiny_prompts(2):
         _, stats = greedy_both(target, loaded.eval(), ids, max_new_tokens=20)
         assert_drafted(stats)
-        assert max(stats.drafted) == 4  # shift_label: every slot drafts
+        assert max(domino_drafted(stats)) == 4  # shift_label: every slot drafts
 
 
 def test_published_dflash_dialect(tmp_path):
@@ -167,4 +168,13 @@ def test_published_dflash_dialect(tmp_path):
     for ids in tiny_prompts(2):
         _, stats = greedy_both(target, loaded.eval(), ids, max_new_tokens=20)
         assert_drafted(stats)
-        assert max(stats.drafted) == 3
+        assert max(domino_drafted(stats)) == 3
+
+
+def test_shipped_draft_carries_the_current_remote_code():
+    """The shipped draft's remote-code files are byte-identical to `modeling/` (they never drift)."""
+    from domino_hf.utils import project_root
+
+    shipped = project_root() / "drafts" / "smollm2-135m-instruct-domino"
+    for name in REMOTE_CODE:
+        assert (shipped / name).read_bytes() == (project_root() / "modeling" / name).read_bytes(), name

@@ -95,13 +95,58 @@ def test_our_checkpoint_loaded_without_remote_code(tmp_path):
 
 
 def test_installing_the_hook_twice_is_harmless(pair):
+    from domino_hf.modeling.dispatch_domino import _PATCHED
+
     target, draft, ids = pair
-    hooked = (GenerationMixin._get_candidate_generator, GenerationMixin._assisted_decoding)
+    hooked = {name: getattr(GenerationMixin, name) for name in _PATCHED}
     install_generate_hook()
     install_generate_hook()
-    assert (GenerationMixin._get_candidate_generator, GenerationMixin._assisted_decoding) == hooked
+    assert {name: getattr(GenerationMixin, name) for name in _PATCHED} == hooked
+    assert all(hasattr(method, "__wrapped__") for method in hooked.values())
     _, stats = greedy_both(target, draft, ids, max_new_tokens=12)
     assert_drafted(stats)
+
+
+def test_uninstall_restores_the_stock_methods(pair, caplog):
+    import logging
+
+    from domino_hf import uninstall_generate_hook
+    from domino_hf.modeling.dispatch_domino import _PATCHED
+
+    target, draft, ids = pair
+    hooked = {name: getattr(GenerationMixin, name) for name in _PATCHED}
+    try:
+        uninstall_generate_hook()
+        for name in _PATCHED:
+            assert getattr(GenerationMixin, name) is hooked[name].__wrapped__
+        with caplog.at_level(logging.INFO):
+            install_generate_hook()
+        assert caplog.text.count("dispatch installed") == 1 and "uninstall_generate_hook" in caplog.text
+    finally:
+        install_generate_hook()
+    _, stats = greedy_both(target, draft, ids, max_new_tokens=12)
+    assert_drafted(stats)
+
+
+def test_stopping_criteria_are_found_by_name_or_position(pair, monkeypatch):
+    """The dispatch binds `_assisted_decoding`'s arguments by signature, not by position."""
+    import inspect
+
+    from domino_hf.modeling import dispatch_domino
+
+    seen = []
+    original = dispatch_domino._STOPPING_CRITERIA.set
+    monkeypatch.setattr(dispatch_domino, "_STOPPING_CRITERIA", type("Spy", (), {
+        "set": lambda self, value: seen.append(value) or original(value),
+        "reset": lambda self, token: dispatch_domino.contextvars.copy_context(),
+        "get": lambda self: seen[-1] if seen else None,
+    })())
+    stock = GenerationMixin._assisted_decoding.__wrapped__
+    names = list(inspect.signature(stock).parameters)
+    assert "stopping_criteria" in names
+    target, draft, ids = pair
+    target.generate(ids, max_new_tokens=6, assistant_model=draft, stop_strings=None)
+    assert seen and seen[-1] is not None  # generate passes its StoppingCriteriaList through
 
 
 @pytest.fixture
@@ -146,9 +191,10 @@ def test_unsupported_transformers_version_fails_clearly(monkeypatch):
     import transformers
     from transformers.generation.utils import GenerationMixin
 
-    from domino_hf.modeling.generation_domino import install_generate_hook
+    from domino_hf.modeling.dispatch_domino import install_generate_hook
 
-    monkeypatch.delattr(GenerationMixin, "_domino_hook_installed")
-    monkeypatch.setattr(transformers, "__version__", "5.22.1")
-    with pytest.raises(ImportError, match=r"transformers>=5\.23.*pip install -U"):
-        install_generate_hook()
+    monkeypatch.setattr(GenerationMixin, "_domino_original_methods", None)
+    for version in ("5.22.1", "5.24.0", "6.0.0.dev0"):
+        monkeypatch.setattr(transformers, "__version__", version)
+        with pytest.raises(ImportError, match=rf"transformers>=5\.23,<5\.24 \(found {version}\).*pip install"):
+            install_generate_hook()

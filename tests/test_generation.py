@@ -111,7 +111,7 @@ def test_block_longer_than_generation():
 # ---------------------------------------------------------------------------------- head, shift, vocabulary
 def test_head_on_and_off(fitted_pair, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
-    from domino_hf.modeling.generation_domino import DominoHeadTables
+    from domino_hf.modeling.target_domino import DominoHeadTables
 
     calls = []
     original = DominoHeadTables.correction
@@ -134,6 +134,7 @@ def test_shift_label_and_pure_prefix(fitted_pair, shift_label, pure_draft_prefix
     assert draft.config.num_draft_tokens == (4 if shift_label else 3)
     taus = []
     for ids in prompts[:3]:
+        draft.config.context_lookup_tokens = 0  # the Domino block alone
         _, stats = greedy_both(target, draft, ids, max_new_tokens=20)
         assert max(stats.drafted) == draft.config.num_draft_tokens
         taus.append(stats.tau)
@@ -169,6 +170,7 @@ def test_sub_vocabulary_missing_the_outputs():
     assert others
     draft = make_tiny_draft(target, draft_vocab_ids=others)
     for ids in prompts:
+        draft.config.context_lookup_tokens = 0  # the Domino block alone
         _, stats = greedy_both(target, draft, ids, max_new_tokens=24)
         assert_drafted(stats)
         assert sum(stats.accepted) == 0  # it can only propose tokens the target never chooses here
@@ -304,7 +306,8 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     from transformers import GenerationConfig
     from transformers.generation.logits_process import LogitsProcessorList
 
-    from domino_hf.modeling.generation_domino import DominoCandidateGenerator, DominoHeadTables
+    from domino_hf.modeling.generation_domino import DominoCandidateGenerator
+    from domino_hf.modeling.target_domino import DominoHeadTables
 
     monkeypatch.setattr(DominoHeadTables, "MAX_TABLE_BYTES", table_bytes)
     import copy
@@ -314,7 +317,6 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     if subvocab:
         draft.config.draft_vocab_ids = list(range(0, target.config.vocab_size, 2))
         draft.embed_proj[2] = torch.nn.Linear(draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False)
-    draft._domino_head_tables = None
     config = GenerationConfig(do_sample=True, max_length=64)
     generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0])
     n = draft.config.num_draft_tokens
@@ -322,7 +324,7 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     slot_hidden = torch.randn(n, draft.config.hidden_size)
     with torch.no_grad():
         base = generator.head.logits(slot_hidden)
-        ids, logits = generator._rollout(slot_hidden, base, prompts[0])
+        ids, logits, _ = generator._rollout(slot_hidden, base, prompts[0])
         realised = torch.cat([prompts[0][0, -1:], ids[0, :-1]])  # [anchor, d_1 … d_{n-1}]
         states = draft.causal_states(generator.head.embed(realised)[None])[0]  # (n, Hg)
         expected = base + draft.correction(slot_hidden, states).float()
@@ -333,6 +335,7 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
 
 def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_pair, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
+    draft.config.context_lookup_tokens = 0  # the Domino block alone
     full = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
     monkeypatch.setattr(draft.config, "draft_confidence_threshold", 0.6)
     short = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
@@ -369,3 +372,20 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
         accepted += sum(stats.accepted)
     assert accepted > 0
 
+
+
+def test_generation_caches_never_keep_a_target_alive():
+    """The per-(draft, target) caches (target head, head tables) are weak on both sides."""
+    import gc
+    import weakref
+
+    from domino_hf.modeling.target_domino import _GENERATION_CACHES
+
+    target = make_tiny_target("llama")
+    draft = make_tiny_draft(target)
+    greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=8)
+    assert set(_GENERATION_CACHES[draft][target]) == {"target_head", "head_tables"}
+    alive = weakref.ref(target)
+    del target
+    gc.collect()
+    assert alive() is None and len(_GENERATION_CACHES[draft]) == 0

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, Qwen3Config
 
 from domino_hf import DominoConfig, DominoDraftModel
 from domino_hf.modeling.configuration_domino import spread_target_layers
-from domino_hf.modeling.generation_domino import check_draft_fits_target
+from domino_hf.modeling.target_domino import check_draft_fits_target
 
 HUB_CONFIGS = Path(__file__).resolve().parent.parent / "hub_configs"
 

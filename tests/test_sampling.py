@@ -192,9 +192,9 @@ def test_wrong_q_is_caught(target, monkeypatch):
     chi-square check above notices with few samples."""
     original = DominoCandidateGenerator._rollout
 
-    def rollout_claiming_uniform_q(self, *args):
-        ids, logits = original(self, *args)
-        return ids, None if logits is None else torch.zeros_like(logits)
+    def rollout_claiming_uniform_q(self, *args, **kwargs):
+        ids, logits, probs = original(self, *args, **kwargs)
+        return ids, None if logits is None else torch.zeros_like(logits), probs
 
     monkeypatch.setattr(DominoCandidateGenerator, "_rollout", rollout_claiming_uniform_q)
     draft = peaked_draft(target)

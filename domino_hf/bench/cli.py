@@ -17,7 +17,7 @@ from .runner import AR, BenchConfig, BenchPrompt
 logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT = "drafts/smollm2-135m-instruct-domino"
-DRAFT_METHODS = ("dflash", "domino")
+DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
 DTYPES = ("float32", "bfloat16", "float16")
 
 DESCRIPTION = """\
@@ -27,8 +27,9 @@ All methods run in one process on the same loaded target, interleaved prompt by 
   autoregressive  plain `generate` (the baseline: τ = 1, speedup = 1)
   prompt_lookup   transformers' prompt lookup decoding (`prompt_lookup_num_tokens`)
   assisted        a classic small draft model (only with --assistant)
-  dflash          the Domino checkpoint with its head switched off (`config.use_domino_head = False`)
-  domino          the Domino checkpoint as shipped
+  dflash          the Domino checkpoint with its head switched off and no context lookup (plain DFlash)
+  domino_no_lookup  the Domino block alone (head on, `prompt_lookup_num_tokens=0`)
+  domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context
 
 Reported per method (and per prompt set): τ (tokens per target forward, bonus included), per-position
 acceptance, the acceptance-length histogram, decode speedup vs autoregressive (prefill excluded, medians
@@ -125,8 +126,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         type=_csv,
         default=None,
-        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino (default: "
-        "autoregressive,prompt_lookup,dflash,domino, + assisted with --assistant)",
+        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino_no_lookup,domino "
+        "(default: all but assisted, + assisted with --assistant)",
     )
     run.add_argument(
         "--prompts",

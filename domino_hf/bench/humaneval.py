@@ -120,7 +120,7 @@ def humaneval_pass1(
     import torch
 
     records = read_prompts("humaneval", num_problems).records
-    methods = [Autoregressive(), DominoMethod(draft, use_head=True)]
+    methods = [Autoregressive(), DominoMethod(draft, "domino")]
     generation_config = make_generation_config(target, max_new_tokens, temperature)
     items, index, taus = [], [], []
     with tqdm(total=len(records) * samples * len(methods), desc="humaneval pass@1", disable=not progress) as bar:

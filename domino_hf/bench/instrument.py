@@ -145,6 +145,7 @@ class RunRecord:
     tau_from_stats: float | None = None
     draft_phases: dict[str, float] = field(default_factory=dict)
     profiled: bool = False
+    sources: list[str] = field(default_factory=list)  # per step, from a Domino draft: domino / lookup / none
 
     @property
     def new_tokens(self) -> int:
@@ -188,6 +189,8 @@ class RunRecord:
             "decode_ms": round(1000 * self.decode_s, 3),
             "decode_ms_per_token": self.decode_ms_per_token,
         }
+        if self.sources:
+            record["sources"] = self.sources
         if self.profiled:
             record["phase_ms"] = {k: round(1000 * v, 3) for k, v in self.phase_seconds().items()}
         return record

@@ -47,10 +47,15 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def _shares(shares: dict | None) -> str:
+    return "–" if not shares else f"{shares['lookup']:.0%} / {shares['none']:.0%}"
+
+
 def methods_table(methods: dict) -> str:
     vs_stock = any(m.get("speedup_vs_stock") is not None for m in methods.values())
     header = ["method", "τ", "speedup", *(["vs stock transformers"] if vs_stock else [])]
-    header += ["decode ms/token", "tokens/s (e2e)", "lossless"]
+    sources = any(m.get("step_sources") for m in methods.values())
+    header += ["decode ms/token", "tokens/s (e2e)", *(["steps: lookup / plain"] if sources else []), "lossless"]
     rows = [
         [
             name,
@@ -59,6 +64,7 @@ def methods_table(methods: dict) -> str:
             *([_fmt(m.get("speedup_vs_stock"), "{:.2f}×")] if vs_stock else []),
             _fmt(m["decode_ms_per_token"], "{:.1f}"),
             _fmt(m["tokens_per_s"], "{:.1f}"),
+            *([_shares(m.get("step_sources"))] if sources else []),
             _lossless(m["lossless"], name),
         ]
         for name, m in methods.items()

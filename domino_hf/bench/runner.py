@@ -40,7 +40,7 @@ from .stats import AR, AR_STOCK, summarize
 
 logger = logging.getLogger(__name__)
 
-ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino")
+ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino")
 
 
 @dataclass
@@ -104,6 +104,10 @@ class Method:
         """(drafted, accepted) per step as the drafter itself recorded them, when it does."""
         return None
 
+    def step_sources(self) -> list[str]:
+        """Where each step's proposal came from (domino / lookup / none), when the drafter records it."""
+        return []
+
     def phase_timings(self) -> dict[str, float] | None:
         """Seconds per drafting phase as the drafter timed them (backbone, lm_head, head_rollout), if it did."""
         return None
@@ -151,17 +155,23 @@ class Assisted(Method):
 
 
 class DominoMethod(Method):
-    """`domino` (head on) or `dflash` (the same checkpoint with `config.use_domino_head = False`).
+    """One Domino checkpoint, three ways: `domino` as shipped (head on, context lookup at the draft's default),
+    `domino_no_lookup` (the Domino block alone) and `dflash` (head off, no lookup: plain DFlash drafting).
 
+    The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head through `config.use_domino_head`.
     With `profile`, the draft times its own phases (`draft.profile_timings`); both switches are restored
     after every call, so the caller's draft leaves the benchmark as it came in.
     """
 
-    def __init__(self, draft, use_head: bool, profile: bool = False):
+    def __init__(self, draft, name: str, profile: bool = False):
         self.drafter = draft
-        self.use_head = use_head
+        self.name = name
+        self.use_head = name != "dflash"
+        self.lookup = name == "domino"
         self.profile = profile
-        self.name = "domino" if use_head else "dflash"
+
+    def config_fields(self):
+        return {} if self.lookup else {"prompt_lookup_num_tokens": 0}
 
     def generate_kwargs(self):
         return {"assistant_model": self.drafter}
@@ -186,6 +196,10 @@ class DominoMethod(Method):
     def steps_from_stats(self):
         stats = getattr(self.drafter, "last_generation_stats", None)
         return None if stats is None else (list(stats.drafted), list(stats.accepted))
+
+    def step_sources(self):
+        stats = getattr(self.drafter, "last_generation_stats", None)
+        return [] if stats is None else list(stats.sources)
 
     def phase_timings(self):
         stats = getattr(self.drafter, "last_generation_stats", None)
@@ -213,12 +227,12 @@ def build_methods(
         else:
             if draft is None:
                 raise ValueError(f"Method '{name}' needs a Domino draft (`--draft PATH_OR_REPO`).")
-            if name == "domino" and not hasattr(draft, "prefix_gru"):
+            if name != "dflash" and not hasattr(draft, "prefix_gru"):
                 raise ValueError(
-                    "Method 'domino' needs a draft with a Domino head; this checkpoint has none (a DFlash "
+                    f"Method '{name}' needs a draft with a Domino head; this checkpoint has none (a DFlash "
                     "draft?). Benchmark it as 'dflash'."
                 )
-            methods.append(DominoMethod(draft, use_head=name == "domino", profile=profile))
+            methods.append(DominoMethod(draft, name, profile=profile))
     if AR not in names:
         logger.warning("No 'autoregressive' baseline: speedups and the lossless check are unavailable.")
     return methods
@@ -277,6 +291,7 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         output = method.generate(target, input_ids, generation_config, streamer)
         t1 = time.perf_counter()
         stats_steps = method.steps_from_stats()
+        sources = method.step_sources()
         phases = method.phase_timings()
     output_ids = output[0, input_ids.shape[1] :].tolist()
     chunks = streamer.chunks
@@ -316,6 +331,7 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         tau_from_stats=tau_from_stats,
         draft_phases=phases or {},
         profiled=probes.profile,
+        sources=sources,
     )
 
 

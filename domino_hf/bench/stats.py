@@ -83,6 +83,7 @@ def summarize_method(
         "histogram": histogram(accepted),
         "mean_drafted_per_step": _ratio(sum(drafted), len(drafted)),
         "num_steps": len(accepted),
+        "step_sources": _source_shares([s for r in runs for s in r.sources]),
         "num_runs": len(runs),
         "new_tokens": sum(r.new_tokens for r in runs),
     }
@@ -99,6 +100,14 @@ def summarize_method(
     if stock_runs:
         result["speedup_vs_stock"] = _ratio(_median([r.decode_ms_per_token for r in stock_runs]), ms)
     return result
+
+
+def _source_shares(sources: list[str]) -> dict[str, float] | None:
+    """Share of verify steps per proposal source (a Domino draft's domino / lookup / none), None without."""
+    if not sources:
+        return None
+    counts = Counter(sources)
+    return {name: counts[name] / len(sources) for name in ("domino", "lookup", "none")}
 
 
 def profile_method(runs: list[RunRecord]) -> dict:

@@ -1,5 +1,5 @@
 # Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
-"""`target.generate(assistant_model=domino_draft)`: the candidate generator and its dispatch.
+"""`target.generate(assistant_model=domino_draft)`: the candidate generator (dispatch: `dispatch_domino.py`).
 
 Remote-code file (torch + transformers only). One speculative step, driven by transformers'
 `_assisted_decoding`:
@@ -13,20 +13,19 @@ Remote-code file (torch + transformers only). One speculative step, driven by tr
 
 from __future__ import annotations
 
-import contextvars
 import logging
 import time
 
 import torch
 import torch.nn.functional as F
-from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.candidate_generator import CandidateGenerator, PromptLookupCandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from .target_domino import DominoHeadTables, DominoTargetHead, check_draft_fits_target
+
 logger = logging.getLogger(__name__)
 
-MIN_TRANSFORMERS = (5, 23)
-_STATIC_CACHES = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid")
 
 
 class DominoContextCache:
@@ -50,96 +49,29 @@ class DominoContextCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
-def _weights_key(*weights: torch.Tensor) -> tuple:
-    """Identifies the current contents of `weights`: storage, in-place version counter, dtype, device."""
-    return tuple((w.data_ptr(), w._version, w.dtype, w.device) for w in weights)
-
-
-def _cached_on(draft, name: str, key: tuple, build):
-    """`build()` memoised on `draft` under `name` while `key` is unchanged; never stored while the draft
-    trains, since its weights change every step."""
-    saved = getattr(draft, name, None)
-    if saved is None or saved[0] != key:
-        saved = (key, build())
-        if not draft.training:
-            setattr(draft, name, saved)
-    return saved[1]
-
-
-class DominoTargetHead:
-    """The target's frozen input embedding and LM head, as the draft uses them.
-
-    With a draft sub-vocabulary the LM head is a row selection of the target's (made here, at generation or
-    training time: it is never stored in the checkpoint). `dtype` casts the LM head (rows), so a draft loaded
-    in another precision than the target (bf16 draft, fp32 target) runs its base logits in its own precision.
-    Final-logit soft-capping of the target (Gemma) is applied to the base logits, so the draft models the
-    distribution the target actually produces.
-    """
-
-    def __init__(self, target, config, device=None, dtype=None):
-        self.embed_tokens = target.get_input_embeddings()
-        lm_head = target.get_output_embeddings()
-        weight = lm_head.weight.detach()
-        bias = getattr(lm_head, "bias", None)
-        self.draft_vocab_ids = None
-        if config.draft_vocab_ids is not None:
-            self.draft_vocab_ids = torch.tensor(config.draft_vocab_ids, dtype=torch.long, device=weight.device)
-            weight = weight.index_select(0, self.draft_vocab_ids)
-            bias = bias.detach().index_select(0, self.draft_vocab_ids) if bias is not None else None
-        self.weight = weight.to(device=device, dtype=dtype)
-        self.bias = None if bias is None else bias.detach().to(self.weight)
-        self.vocab_size = lm_head.weight.shape[0]
-        self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
-        self.vocab_map = None  # target id -> draft index (-1 outside the sub-vocabulary)
-        if self.draft_vocab_ids is not None:
-            self.vocab_map = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.weight.device)
-            self.vocab_map[self.draft_vocab_ids.to(self.weight.device)] = torch.arange(
-                len(self.draft_vocab_ids), device=self.weight.device
-            )
-
-    @classmethod
-    def cached(cls, draft, target) -> "DominoTargetHead":
-        """The generation-time head in the draft's dtype, reused across `generate` calls while the target's
-        embedding and LM head, the draft's dtype and its sub-vocabulary are unchanged. When the draft's dtype
-        differs from the target's, this holds a copy of the LM head (its sub-vocabulary rows, or all of it)."""
-        key = _weights_key(target.get_input_embeddings().weight, target.get_output_embeddings().weight)
-        key += (draft.dtype, hash(tuple(draft.config.draft_vocab_ids or ())))
-        return _cached_on(draft, "_domino_target_head", key, lambda: cls(target, draft.config, dtype=draft.dtype))
-
-    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """(…,) ids -> (…, E) target input embeddings (including any scaling the target applies)."""
-        return self.embed_tokens(token_ids.to(self.embed_tokens.weight.device))
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """(…, H) -> (…, V') float32 base logits over the draft vocabulary."""
-        logits = F.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-    def to_draft_index(self, target_ids: torch.Tensor) -> torch.Tensor:
-        return target_ids if self.vocab_map is None else self.vocab_map.to(target_ids.device)[target_ids]
-
-    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids if self.draft_vocab_ids is None else self.draft_vocab_ids.to(draft_ids.device)[draft_ids]
-
-    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """(…, V') -> (…, V): scatter sub-vocabulary logits into −inf (the draft's q is 0 elsewhere)."""
-        if self.draft_vocab_ids is None:
-            return logits
-        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-        full[..., self.draft_vocab_ids.to(logits.device)] = logits
-        return full
+# Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length used
+# when neither `generate(prompt_lookup_num_tokens=…)` nor the draft's config (`context_lookup_tokens`) sets one.
+DEFAULT_LOOKUP_TOKENS = 10
+DEFAULT_LOOKUP_NGRAM = 2
+_HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
 
 
 class DominoGenerationStats:
-    """What one `generate` call did: tokens drafted and accepted per verify step (prefill excluded)."""
+    """What one `generate` call did, per verify step (prefill excluded): tokens drafted and accepted, and
+    where the proposal came from: `domino` (the draft's block), `lookup` (a span copied from the context) or
+    `none` (a plain target step)."""
 
     def __init__(self):
         self.drafted: list[int] = []
         self.accepted: list[int] = []
+        self.sources: list[str] = []
         # Seconds per phase, filled when `draft.profile_timings` is set (bench --profile).
         self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
+
+    def record(self, drafted: int, accepted: int, source: str) -> None:
+        self.drafted.append(drafted)
+        self.accepted.append(accepted)
+        self.sources.append(source)
 
     @property
     def num_steps(self) -> int:
@@ -150,82 +82,123 @@ class DominoGenerationStats:
         """Mean acceptance length: tokens produced per target verify forward, bonus token included."""
         return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
 
+    def source_counts(self) -> dict[str, int]:
+        return {source: self.sources.count(source) for source in ("domino", "lookup", "none")}
+
     def __repr__(self):
-        return f"DominoGenerationStats(steps={self.num_steps}, tau={self.tau:.3f})"
+        return f"DominoGenerationStats(steps={self.num_steps}, tau={self.tau:.3f}, sources={self.source_counts()})"
 
 
-def check_draft_fits_target(config, target) -> None:
-    """Raise a ValueError naming the mismatch when a draft was built for another target."""
-    text = target.config.get_text_config()
-    built_for = f" (it was built for {config.target_name_or_path})" if config.target_name_or_path else ""
-    fix = f"Load the Domino draft trained for this target, or train one with `domino train`{built_for}."
-    vocab = target.get_output_embeddings().weight.shape[0]
-    problems = []
-    if text.hidden_size != config.target_hidden_size:
-        problems.append(f"hidden size {config.target_hidden_size} != target's {text.hidden_size}")
-    elif text.hidden_size != config.hidden_size:  # the block reads the target's embeddings, H feeds its LM head
-        problems.append(f"draft hidden size {config.hidden_size} != target's {text.hidden_size}")
-    if vocab != config.vocab_size:
-        problems.append(f"vocabulary {config.vocab_size} != target's LM head {vocab}")
-    if getattr(text, "num_hidden_layers", None) not in (None, config.num_target_layers):
-        problems.append(f"built for {config.num_target_layers} target layers, target has {text.num_hidden_layers}")
-    if max(config.target_layer_ids) >= getattr(text, "num_hidden_layers", 10**9):
-        problems.append(f"target_layer_ids {config.target_layer_ids} exceed the target's layers")
-    if not 0 <= config.mask_token_id < vocab:
-        problems.append(f"mask_token_id {config.mask_token_id} outside the target vocabulary")
-    if problems:
-        raise ValueError("This Domino draft does not fit the target model: " + "; ".join(problems) + ". " + fix)
-    if config.target_model_type and config.target_model_type != getattr(text, "model_type", None):
-        logger.warning(
-            "Domino draft was trained for a %s target, this target is %s: outputs stay exact, acceptance may drop.",
-            config.target_model_type,
-            text.model_type,
-        )
+class DraftBackoff:
+    """No-fit fallback: after `patience` drafted blocks in a row with nothing accepted, skip the draft for 1, 2,
+    4 … (at most `max_skip`) steps between single probes; any accepted token resets it. Decided from the
+    acceptance history only, never from the tokens of the step at hand, so sampling stays exact."""
+
+    def __init__(self, patience: int = 4, max_skip: int = 32):
+        self.patience, self.max_skip = patience, max_skip
+        self.misses = self.skip = self.skip_left = 0
+
+    def should_draft(self) -> bool:
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return False
+        return True
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if accepted > 0:
+            self.misses = self.skip = self.skip_left = 0
+        elif drafted > 0:
+            self.misses += 1
+            if self.misses >= self.patience:
+                self.skip = min(max(1, 2 * self.skip), self.max_skip)
+                self.skip_left = self.skip
 
 
-class DominoHeadTables:
-    """What the head rollout can compute before its sequential loop, once per (draft, target) weights.
+class SourceChooser:
+    """Picks the Domino block or the lookup span from the draft's expected accepted tokens, calibrated by what
+    the verifier accepted so far in this `generate` call.
 
-    * W1 = [W1_H | W1_S]: the H-part for all slots is one matmul per step (`hidden_part`), so each sequential
-      token only adds the small S-part: W2 · SiLU(hidden_part_j + W1_S · S).
-    * GRU input gates W_ih · emb(token) of every draft-vocabulary token as a lookup table, when it fits in
-      `MAX_TABLE_BYTES` (a sub-vocabulary always does for typical sizes); else computed per token.
+    The draft under-rates spans it cannot copy well (names, numbers, code identifiers), so its raw scores
+    would almost never pick a lookup span. Each source's score is therefore scaled by realised ÷ predicted
+    accepted tokens of that source's past proposals (one pseudo-token each), and a span is tried at least
+    every `explore_every` steps that had one, so both factors keep learning. Everything here is a function of
+    the context and of past verify steps, never of a token drawn for the step at hand: sampling stays exact.
     """
 
-    MAX_TABLE_BYTES = 64 * 2**20
+    def __init__(self, explore_every: int = 8):
+        self.explore_every = explore_every
+        self.realised = {"domino": 1.0, "lookup": 1.0}
+        self.predicted = {"domino": 1.0, "lookup": 1.0}
+        self.spans_skipped = 0
 
-    def __init__(self, draft, head: DominoTargetHead):
-        hidden = draft.config.hidden_size
-        w1 = draft.embed_proj[0].weight  # (r, H + Hg)
-        self.w1_hidden, self.w1_state = w1[:, :hidden], w1[:, hidden:]
-        self.w2 = draft.embed_proj[2].weight  # (V', r)
-        self.w_ih = draft.prefix_gru.weight_ih_l0  # (3·Hg, E)
-        self.head = head
-        rows = head.draft_vocab_ids
-        if rows is None and head.vocab_size * self.w_ih.shape[0] * self.w_ih.element_size() <= self.MAX_TABLE_BYTES:
-            rows = torch.arange(head.vocab_size, device=self.w_ih.device)
-        self.gate_table = None if rows is None else F.linear(head.embed(rows).to(self.w_ih), self.w_ih)  # (V', 3·Hg)
+    def choose(self, domino_score: float, lookup_score: float) -> str:
+        scale = {s: self.realised[s] / self.predicted[s] for s in self.realised}
+        if lookup_score * scale["lookup"] > domino_score * scale["domino"] or self.spans_skipped + 1 >= self.explore_every:
+            self.spans_skipped = 0
+            return "lookup"
+        self.spans_skipped += 1
+        return "domino"
 
-    @classmethod
-    def cached(cls, draft, head: DominoTargetHead) -> "DominoHeadTables":
-        """Reuse the tables while neither the draft's head nor the target embedding changed (in place)."""
-        key = _weights_key(head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
-        key += (hash(tuple(draft.config.draft_vocab_ids or ())),)
-        return _cached_on(draft, "_domino_head_tables", key, lambda: cls(draft, head))
+    def update(self, source: str, predicted: float, accepted: int) -> None:
+        self.predicted[source] += predicted
+        self.realised[source] += accepted
 
-    def input_gates(self, draft_index: torch.Tensor, target_id: torch.Tensor) -> torch.Tensor:
-        """W_ih · emb(token) -> (1, 3·Hg)."""
-        if self.gate_table is not None and draft_index is not None:
-            return self.gate_table[draft_index.reshape(1)]
-        return F.linear(self.head.embed(target_id.reshape(1)).to(self.w_ih), self.w_ih)
 
-    def correction(self, hidden_part: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """W2 · SiLU(W1_H·H + W1_S·S) for one slot: (1, r), (1, Hg) -> (1, V')."""
-        return F.linear(F.silu(torch.addmm(hidden_part, state, self.w1_state.t())), self.w2)
+def expected_accepted(probs: list[float], length: int | None = None) -> float:
+    """Σ_k Π_{j≤k} p_j: tokens a verifier would accept on average if the draft's probabilities were right.
+    `length` > len(probs) extends the chain at the scored tokens' geometric-mean rate (a lookup span is longer
+    than the block the draft can score)."""
+    total, chain = 0.0, 1.0
+    for p in probs:
+        chain *= p
+        total += chain
+    extra = (length or len(probs)) - len(probs)
+    if extra > 0 and probs and chain > 0:
+        rate = chain ** (1.0 / len(probs))
+        total += chain * sum(rate**t for t in range(1, extra + 1))
+    return total
+
+
+def drafting_settings(config, generation_config) -> dict:
+    """Per-call drafting settings: `generate`'s GenerationConfig first, then the draft's config.
+
+    * `num_assistant_tokens` caps the tokens proposed per step, Domino block or lookup span (transformers'
+      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`; `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted
+      proposal and shrinks it by 1 otherwise, as transformers does for its assistants.
+    * `assistant_confidence_threshold` drives the adaptive draft length when it differs from transformers'
+      default 0.4; `generate` fills that default in before we see the config, so an explicit 0.4 cannot be
+      told from an unset one, and the draft's `draft_confidence_threshold` applies then.
+    * `prompt_lookup_num_tokens`: the context-lookup span (0 turns the lookup off; unset: the draft's
+      `context_lookup_tokens`, else `DEFAULT_LOOKUP_TOKENS`); `max_matching_ngram_size` its n-gram size.
+    """
+    defaults = generation_config._get_default_generation_params()
+    threshold = generation_config.assistant_confidence_threshold
+    if threshold is None or threshold == defaults.get("assistant_confidence_threshold"):
+        threshold = getattr(config, "draft_confidence_threshold", 0.0) or 0.0
+    lookup = generation_config.prompt_lookup_num_tokens
+    if lookup is None:
+        lookup = getattr(config, "context_lookup_tokens", DEFAULT_LOOKUP_TOKENS)
+    cap = int(generation_config.num_assistant_tokens or 2**31)
+    if getattr(config, "max_draft_tokens", None):
+        cap = min(cap, config.max_draft_tokens)
+    return {
+        "cap": cap,
+        "schedule": generation_config.num_assistant_tokens_schedule or "constant",
+        "threshold": float(threshold),
+        "lookup_tokens": max(int(lookup or 0), 0),
+        "lookup_ngram": int(generation_config.max_matching_ngram_size or DEFAULT_LOOKUP_NGRAM),
+    }
 
 
 class DominoCandidateGenerator(CandidateGenerator):
-    """Drafts one block per step with a Domino draft for transformers' assisted decoding (batch size 1)."""
+    """Proposes candidates for transformers' assisted decoding (batch size 1), one verify step at a time.
+
+    Each step it has two proposals: the Domino block and, when the sequence's last n-gram occurred before, the
+    span that followed it (transformers' prompt lookup). It keeps the one with more expected accepted tokens
+    under the draft's own probabilities, calibrated by past acceptance (`SourceChooser`), all computed before
+    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span is deterministic given the context, so its q
+    is one-hot. When the draft's blocks keep being rejected it backs off to plain steps (`DraftBackoff`).
+    """
 
     requires_model_outputs = True
 
@@ -246,6 +219,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         wanted = True if generation_config.output_hidden_states else [i + 1 for i in self.config.target_layer_ids]
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.cache = DominoContextCache()
+        self.pending_context: list[torch.Tensor] = []  # (1, n, n_layers·H) verified, not yet in the cache
         self.max_length = generation_config.max_length
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None else LogitsProcessorList()
@@ -256,14 +230,27 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.return_logits = self.do_sample or generation_config.assistant_ensemble_weight is not None
         self.use_head = draft.has_domino_head
         # Head tables once per generate call (weights do not change while generating), not per step.
-        self.tables = DominoHeadTables.cached(draft, self.head) if self.use_head else None
+        self.tables = DominoHeadTables.cached(draft, target, self.head) if self.use_head else None
         self.slot_offset = 0 if self.config.shift_label else 1
         self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
+        settings = drafting_settings(self.config, generation_config)
+        self.cap, self.schedule, self.threshold = settings["cap"], settings["schedule"], settings["threshold"]
+        self.lookup = None
+        if settings["lookup_tokens"] > 0:
+            eos = generation_config.eos_token_id
+            self.lookup = PromptLookupCandidateGenerator(
+                eos_token_id=None if eos is None else torch.tensor(eos).reshape(-1),
+                num_output_tokens=settings["lookup_tokens"],
+                max_matching_ngram_size=settings["lookup_ngram"],
+                max_length=self.max_length,
+                logits_processor=self.logits_processor or None,
+                vocab_size=self.head.vocab_size,
+            )
+        self.backoff = DraftBackoff()
+        self.chooser = SourceChooser()
         self.stats = DominoGenerationStats()
-        self._pending_drafted = None
+        self._step = None  # (tokens proposed, source) of the step awaiting verification
         draft.last_generation_stats = self.stats
-        # Adaptive draft length: stop proposing once the draft's own chain probability drops below this.
-        self.threshold = float(getattr(self.config, "draft_confidence_threshold", 0.0) or 0.0)
         self.profile = bool(getattr(draft, "profile_timings", False))
         self._sync = torch.cuda.synchronize if (self.profile and draft.device.type == "cuda") else (lambda: None)
 
@@ -273,47 +260,95 @@ class DominoCandidateGenerator(CandidateGenerator):
         if is_first_iteration:
             return input_ids, None
         cur_len = input_ids.shape[1]
-        n_draft = min(self.config.num_draft_tokens, self.max_length - cur_len - 1)
-        if getattr(self.config, "max_draft_tokens", None):
-            n_draft = min(n_draft, self.config.max_draft_tokens)
-        self._pending_drafted = 0
-        if n_draft <= 0:  # the next target step reaches max_length: nothing left to draft
-            return input_ids, None
-        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
-            raise ValueError("Domino drafting needs the target's hidden states from the previous forward.")
+        self._stash_context(model_outputs, cur_len)
+        budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
+        if budget <= 0:
+            return self._propose(input_ids, None, None, "none")
+        span = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
+        if not self.backoff.should_draft():
+            return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
 
-        # 1. Context: target hidden states of the positions verified since the last step (all but the anchor).
-        n_cached = len(self.cache)
-        n_new = cur_len - 1 - n_cached
-        hidden_states = model_outputs.hidden_states
-        new_context = torch.cat([hidden_states[i + 1][:, :n_new] for i in self.config.target_layer_ids], dim=-1)
-        device = self.draft.device
-        context_positions = torch.arange(n_cached, n_cached + n_new, device=device)[None]
-        block_positions = torch.arange(cur_len - 1, cur_len - 1 + self.config.block_size, device=device)[None]
-        attention_mask = self._key_mask(model_kwargs, cur_len)
-
-        # 2. One backbone forward over [anchor, MASK, …] and one LM-head call for all draft slots.
+        n_draft = min(budget, self.config.num_draft_tokens)
         clock = self._clock()
-        block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)  # (1, B)
-        out = self.draft(
-            block_embeds=self.head.embed(block_ids).to(device),
-            block_position_ids=block_positions,
-            target_hidden_states=new_context.to(device),
-            context_position_ids=context_positions,
-            attention_mask=attention_mask,
-            past_key_values=self.cache,
-        )
-        slot_hidden = out.last_hidden_state[0, self.slot_offset : self.slot_offset + n_draft]  # (n, H)
+        slot_hidden = self._backbone(input_ids, model_kwargs, n_draft)
         clock("backbone")
         base_logits = self.head.logits(slot_hidden)  # (n, V')
         clock("lm_head")
-
-        # 3. Sequential rollout of the Domino head.
-        draft_ids, draft_logits = self._rollout(slot_hidden, base_logits, input_ids)
+        predicted = None
+        if len(span):  # choose before drawing anything: both scores are functions of the context only
+            lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
+            domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)[2]
+            scores = {"lookup": expected_accepted(lookup_probs, len(span)), "domino": expected_accepted(domino_probs)}
+            source = self.chooser.choose(scores["domino"], scores["lookup"])
+            predicted = scores[source]
+            if source == "lookup":
+                clock("head_rollout")
+                return self._propose_lookup(input_ids, span, predicted)
+        draft_ids, draft_logits, _ = self._rollout(slot_hidden, base_logits, input_ids)
         clock("head_rollout")
-        self._pending_drafted = draft_ids.shape[1]
-        candidate_ids = torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1)
-        return candidate_ids, draft_logits
+        return self._propose(input_ids, draft_ids, draft_logits, "domino", predicted)
+
+    # ------------------------------------------------------------------------------------------- proposals
+    def _propose(self, input_ids, draft_ids, draft_logits, source, predicted=None):
+        """Record what is proposed (and the accepted tokens predicted for it, when scored) and hand it to
+        transformers: candidate ids (1, cur_len + k), logits or None."""
+        if draft_ids is None or draft_ids.shape[1] == 0:
+            self._step = (0, "none", None)
+            return input_ids, None
+        self._step = (draft_ids.shape[1], source, predicted)
+        return torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1), draft_logits
+
+    def _propose_lookup(self, input_ids, span, predicted=None):
+        """The lookup span as candidates; when sampling, q is one-hot: the span is fixed given the context."""
+        ids = span[None].to(input_ids.device)  # (1, L)
+        logits = None
+        if self.return_logits:
+            logits = torch.full((1, len(span), self.head.vocab_size), float("-inf"), device=input_ids.device)
+            logits.scatter_(2, ids[..., None], 0.0)
+        return self._propose(input_ids, ids, logits, "lookup", predicted)
+
+    def _lookup_span(self, input_ids, budget):
+        """Transformers' prompt lookup on prompt + generated text, cut at `budget` and at a stop criterion."""
+        if self.lookup is None:
+            return input_ids.new_zeros(0)
+        candidates, _ = self.lookup.get_candidates(input_ids)
+        span = candidates[0, input_ids.shape[1] :][:budget]
+        if self.extra_stopping:
+            for j in range(len(span)):
+                sequence = torch.cat([input_ids, span[None, : j + 1]], dim=1)
+                if any(bool(c(sequence, None).any()) for c in self.extra_stopping):
+                    return span[:j]  # never propose past a stop: the target's own token must stop generation
+        return span
+
+    # ------------------------------------------------------------------------------------------- the draft
+    def _stash_context(self, model_outputs, cur_len):
+        """Keep the target hidden states of the positions verified since the last call (all but the new
+        anchor); the next backbone forward appends them to the draft's context cache."""
+        known = len(self.cache) + sum(t.shape[1] for t in self.pending_context)
+        n_new = cur_len - 1 - known
+        if n_new <= 0:
+            return
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("Domino drafting needs the target's hidden states from the previous forward.")
+        states = model_outputs.hidden_states
+        self.pending_context.append(torch.cat([states[i + 1][:, :n_new] for i in self.config.target_layer_ids], -1))
+
+    def _backbone(self, input_ids, model_kwargs, n_draft):
+        """One backbone forward over [anchor, MASK, …], absorbing the stashed context: slot states (n, H)."""
+        cur_len, device = input_ids.shape[1], self.draft.device
+        context = torch.cat(self.pending_context, dim=1) if self.pending_context else None
+        self.pending_context = []
+        n_cached, n_new = len(self.cache), 0 if context is None else context.shape[1]
+        block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)  # (1, B)
+        out = self.draft(
+            block_embeds=self.head.embed(block_ids).to(device),
+            block_position_ids=torch.arange(cur_len - 1, cur_len - 1 + self.config.block_size, device=device)[None],
+            target_hidden_states=None if context is None else context.to(device),
+            context_position_ids=torch.arange(n_cached, n_cached + n_new, device=device)[None],
+            attention_mask=self._key_mask(model_kwargs, cur_len),
+            past_key_values=self.cache,
+        )
+        return out.last_hidden_state[0, self.slot_offset : self.slot_offset + n_draft]  # (n, H)
 
     def _clock(self):
         """A lap timer into `stats.timings` when profiling, else a no-op."""
@@ -339,49 +374,60 @@ class DominoCandidateGenerator(CandidateGenerator):
         block = torch.ones(1, self.config.block_size, dtype=torch.bool, device=mask.device)
         return torch.cat([context, block], dim=1)[:, None, None, :].to(self.draft.device)
 
-    def _rollout(self, slot_hidden, base_logits, input_ids):
-        """Choose the draft tokens slot by slot; returns ids (1, n) and, when sampling, logits (1, n, V).
+    def _rollout(self, slot_hidden, base_logits, input_ids, forced=None, greedy=False):
+        """Choose (or, with `forced`, score) the draft tokens slot by slot.
 
-        Slot j's logits are base_j (+ the head's correction once j ≥ pure_draft_prefix_len, from the GRU state
-        after [anchor, d_1 … d_j]). Drafting stops early at a stop criterion, or when the draft's chain
-        probability would fall below `draft_confidence_threshold` (fewer candidates: still lossless)."""
-        n = base_logits.shape[0]
+        Returns ids (1, k), their processed logits (1, k, V) when sampling (else None), and the draft's
+        probability of each chosen token. Slot j's logits are base_j (+ the head's correction once
+        j ≥ pure_draft_prefix_len, from the GRU state after [anchor, d_1 … d_j]). `forced` teacher-forces the
+        given tokens; `greedy` takes argmaxes even when sampling (a scoring pass, free of random draws).
+        Drafting stops early at a stop criterion, or when the draft's chain probability would fall below the
+        confidence threshold (fewer candidates: still lossless)."""
+        scoring = forced is not None or greedy
+        n = base_logits.shape[0] if forced is None else len(forced)
         tables = self.tables
         if tables is not None:
             hidden_part = F.linear(slot_hidden, tables.w1_hidden)  # (n, r): all slots in one matmul
-            anchor = input_ids[:, -1]
             state = slot_hidden.new_zeros(1, self.config.gru_hidden_dim)
-            state = self.draft.gru_step(state, tables.input_gates(None, anchor))  # the anchor may be off-vocabulary
+            state = self.draft.gru_step(state, tables.input_gates(None, input_ids[:, -1]))  # anchor may be off-vocab
         sequence = input_ids
-        chosen, processed = [], []
+        chosen, processed, probs = [], [], []
         chain = 1.0
         for j in range(n):
             logits = base_logits[j : j + 1]  # (1, V')
             if tables is not None and j >= self.config.pure_draft_prefix_len:
                 logits = torch.add(logits, tables.correction(hidden_part[j : j + 1], state))  # promotes to fp32
             full_logits = self._process(logits, sequence)
-            if self.threshold > 0.0:
+            dist = None
+            if self.threshold > 0.0 or scoring:
                 # Decide on this slot from its distribution only, never from the token it will draw: a
                 # stop that depended on the drawn token would bias speculative sampling.
-                probs = (full_logits if full_logits is not None else logits).softmax(dim=-1)
-                if chain * float(probs.max()) < self.threshold:
+                dist = (full_logits if full_logits is not None else logits).softmax(dim=-1)
+                if not scoring and chain * float(dist.max()) < self.threshold:
                     break
-            token, index = self._pick(logits, full_logits)
-            if self.threshold > 0.0:
-                chain *= float(probs[0, index if full_logits is None else token].squeeze())
-            if self.extra_stopping or self.logits_processor:  # only these read the drafted prefix
+            if forced is not None:
+                token = forced[j].reshape(1, 1)
+                index = self.head.to_draft_index(token)
+            else:
+                token, index = self._pick(logits, full_logits, greedy)
+            if dist is not None:
+                column = token if full_logits is not None else index
+                p = float(dist[0, column.squeeze()]) if int(column) >= 0 else 0.0
+                chain *= p
+                probs.append(p)
+            if not scoring and (self.extra_stopping or self.logits_processor):  # only these read the prefix
                 sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
-            if self.extra_stopping and any(bool(c(sequence, None).any()) for c in self.extra_stopping):
-                break  # never draft past a stop: the target's own bonus token must be the one that stops
+                if self.extra_stopping and any(bool(c(sequence, None).any()) for c in self.extra_stopping):
+                    break  # never draft past a stop: the target's own bonus token must be the one that stops
             chosen.append(token)
             processed.append(full_logits)
             if tables is not None and j + 1 < n:
-                state = self.draft.gru_step(state, tables.input_gates(index, token))
+                state = self.draft.gru_step(state, tables.input_gates(index if int(index) >= 0 else None, token))
         if not chosen:
-            return input_ids.new_zeros(1, 0), None
+            return input_ids.new_zeros(1, 0), None, probs
         draft_ids = torch.cat(chosen, dim=1)
-        draft_logits = torch.stack([p[0] for p in processed])[None] if self.return_logits else None
-        return draft_ids, draft_logits
+        draft_logits = torch.stack([p[0] for p in processed])[None] if self.return_logits and not scoring else None
+        return draft_ids, draft_logits, probs
 
     def _process(self, logits, sequence):
         """The target's logits processors applied to the draft's (corrected) logits, at full vocabulary width;
@@ -390,12 +436,12 @@ class DominoCandidateGenerator(CandidateGenerator):
             return None
         return self.logits_processor(sequence, self.head.to_full_vocab(logits))  # (1, V)
 
-    def _pick(self, logits, full_logits):
+    def _pick(self, logits, full_logits, greedy=False):
         """Argmax or sample; returns the target id (1, 1) and its draft-vocabulary index (1, 1)."""
         if full_logits is None:
             index = logits.argmax(dim=-1, keepdim=True)
             return self.head.to_target_ids(index), index
-        if self.do_sample:
+        if self.do_sample and not greedy:
             token = self._sample(full_logits)
         else:
             token = full_logits.argmax(dim=-1, keepdim=True)
@@ -414,98 +460,15 @@ class DominoCandidateGenerator(CandidateGenerator):
         return torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
-        if self._pending_drafted is not None:
-            self.stats.drafted.append(self._pending_drafted)
-            self.stats.accepted.append(int(num_matches))
-            self._pending_drafted = None
-
-
-# ------------------------------------------------------------------------------------------------ dispatch
-_STOPPING_CRITERIA = contextvars.ContextVar("domino_stopping_criteria", default=None)
-
-
-def is_domino_draft(model) -> bool:
-    config = getattr(model, "config", None)
-    return getattr(config, "model_type", None) == "domino_draft" and hasattr(model, "get_candidate_generator")
-
-
-def _looks_like_domino_checkpoint(model) -> bool:
-    """A Domino/DFlash draft checkpoint loaded as a plain model (i.e. without `trust_remote_code`)."""
-    config = getattr(model, "config", None)
-    if config is None or is_domino_draft(model):
-        return False
-    auto_map = str(getattr(config, "auto_map", "") or "")
-    archs = str(getattr(config, "architectures", "") or "")
-    return hasattr(config, "dflash_config") or "domino" in auto_map.lower() or "Domino" in archs
-
-
-def _validate_domino_request(target, draft, generation_config) -> None:
-    if generation_config.cache_implementation in _STATIC_CACHES:
-        raise ValueError(
-            f"Domino speculative decoding needs a dynamic cache, got cache_implementation="
-            f"'{generation_config.cache_implementation}': drop `cache_implementation` (the verified tokens are "
-            "cropped from the cache after every step, which a static cache cannot do)."
-        )
-    check_draft_fits_target(draft.config, target)
-
-
-def install_generate_hook() -> None:
-    """Route `generate(assistant_model=<Domino draft>)` to `DominoCandidateGenerator`.
-
-    Every other assistant and generation mode goes to the stock transformers code untouched. Idempotent:
-    the remote-code copy and the domino_hf copy of this module may both call it; the first one wins and the
-    dispatch asks the draft itself for its generator, so either copy serves both.
-    """
-    import transformers
-    from transformers.generation.utils import GenerationMixin
-
-    if getattr(GenerationMixin, "_domino_hook_installed", False):
-        return
-    release = tuple(int(p) for p in transformers.__version__.split(".")[:2] if p.isdigit())
-    needed = ("_get_candidate_generator", "_assisted_decoding", "_validate_generation_mode")
-    if release < MIN_TRANSFORMERS or not all(hasattr(GenerationMixin, name) for name in needed):
-        raise ImportError(
-            f"Domino drafts need transformers>={'.'.join(map(str, MIN_TRANSFORMERS))} (found "
-            f"{transformers.__version__}), whose assisted decoding accepts model-output candidate generators: "
-            "pip install -U 'transformers>=5.23,<5.24'"
-        )
-    original_validate = GenerationMixin._validate_generation_mode
-    original_get_generator = GenerationMixin._get_candidate_generator
-    original_assisted = GenerationMixin._assisted_decoding
-
-    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
-        assistant = generation_mode_kwargs.get("assistant_model")
-        if is_domino_draft(assistant):
-            _validate_domino_request(self, assistant, generation_config)
-        elif assistant is not None and _looks_like_domino_checkpoint(assistant):
-            raise ValueError(
-                f"The assistant model is a Domino/DFlash draft checkpoint loaded as a plain "
-                f"{type(assistant).__name__}, so its drafting code is missing. Load it with "
-                "`AutoModel.from_pretrained(path, trust_remote_code=True)` or `domino_hf.DominoDraftModel.from_pretrained(path)`."
-            )
-        return original_validate(self, generation_mode, generation_config, generation_mode_kwargs)
-
-    def _get_candidate_generator(self, *args, **kwargs):
-        assistant = kwargs.get("assistant_model")
-        if is_domino_draft(assistant):
-            return assistant.get_candidate_generator(
-                target=self,
-                generation_config=kwargs["generation_config"],
-                logits_processor=kwargs.get("logits_processor"),
-                input_ids=kwargs["input_ids"],
-                stopping_criteria=_STOPPING_CRITERIA.get(),
-            )
-        return original_get_generator(self, *args, **kwargs)
-
-    def _assisted_decoding(self, *args, **kwargs):
-        stopping = kwargs.get("stopping_criteria", args[2] if len(args) > 2 else None)
-        token = _STOPPING_CRITERIA.set(stopping)
-        try:
-            return original_assisted(self, *args, **kwargs)
-        finally:
-            _STOPPING_CRITERIA.reset(token)
-
-    GenerationMixin._validate_generation_mode = _validate_generation_mode
-    GenerationMixin._get_candidate_generator = _get_candidate_generator
-    GenerationMixin._assisted_decoding = _assisted_decoding
-    GenerationMixin._domino_hook_installed = True
+        if self._step is None:
+            return
+        proposed, source, predicted = self._step
+        accepted = int(num_matches)
+        self.stats.record(proposed, accepted, source)
+        if predicted is not None:
+            self.chooser.update(source, predicted, accepted)
+        if source == "domino":
+            self.backoff.update(proposed, accepted)
+        if self.schedule in _HEURISTIC_SCHEDULES and proposed:
+            self.cap = self.cap + 2 if accepted == proposed else max(1, self.cap - 1)
+        self._step = None

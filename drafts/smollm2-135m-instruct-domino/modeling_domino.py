@@ -3,7 +3,7 @@
 
 Remote-code file: it imports only torch and transformers, so a saved checkpoint loads with
 `AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python where domino_hf is not installed.
-Importing it installs the `generate(assistant_model=draft)` dispatch (see `generation_domino.py`).
+Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`).
 
 Shapes: b = batch, c = context positions, q = block (query) positions, H = hidden size, E = target
 embedding size (= H), Hg = GRU hidden size, V' = draft output vocabulary (sub-vocabulary or full).
@@ -18,7 +18,17 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DominoConfig
-from .generation_domino import DominoCandidateGenerator, DominoContextCache, install_generate_hook
+from .dispatch_domino import install_generate_hook
+from .generation_domino import DominoCandidateGenerator, DominoContextCache
+
+# Copied beside every saved checkpoint, so it loads with `trust_remote_code=True` and nothing else installed.
+REMOTE_CODE_FILES = (
+    "configuration_domino.py",
+    "modeling_domino.py",
+    "target_domino.py",
+    "generation_domino.py",
+    "dispatch_domino.py",
+)
 
 
 class DominoRMSNorm(nn.Module):
@@ -265,7 +275,7 @@ class DominoDraftModel(DominoPreTrainedModel):
         self.config.architectures = ["DominoDraftModel"]
         super().save_pretrained(save_directory, *args, **kwargs)
         here = os.path.dirname(os.path.abspath(__file__))
-        for name in ("configuration_domino.py", "modeling_domino.py", "generation_domino.py"):
+        for name in REMOTE_CODE_FILES:
             shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
 
 
