@@ -248,6 +248,10 @@ class DominoCandidateGenerator(CandidateGenerator):
             )
         self.backoff = DraftBackoff()
         self.chooser = SourceChooser()
+        # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
+        self.scoring_is_the_proposal = not (
+            self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
+        )
         self.stats = DominoGenerationStats()
         self._step = None  # (tokens proposed, source) of the step awaiting verification
         draft.last_generation_stats = self.stats
@@ -274,16 +278,19 @@ class DominoCandidateGenerator(CandidateGenerator):
         clock("backbone")
         base_logits = self.head.logits(slot_hidden)  # (n, V')
         clock("lm_head")
-        predicted = None
+        predicted = greedy_ids = None
         if len(span):  # choose before drawing anything: both scores are functions of the context only
             lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
-            domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)[2]
+            greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
             scores = {"lookup": expected_accepted(lookup_probs, len(span)), "domino": expected_accepted(domino_probs)}
             source = self.chooser.choose(scores["domino"], scores["lookup"])
             predicted = scores[source]
             if source == "lookup":
                 clock("head_rollout")
                 return self._propose_lookup(input_ids, span, predicted)
+        if greedy_ids is not None and self.scoring_is_the_proposal:
+            clock("head_rollout")
+            return self._propose(input_ids, greedy_ids, None, "domino", predicted)
         draft_ids, draft_logits, _ = self._rollout(slot_hidden, base_logits, input_ids)
         clock("head_rollout")
         return self._propose(input_ids, draft_ids, draft_logits, "domino", predicted)
