@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 class RegenExample:
     prompt_ids: list[int]
     response_ids: list[int]
+    prompt: str = ""  # the prompt's text, when the record has it (decontamination reads it)
 
 
 @dataclass
@@ -45,8 +46,12 @@ class RegenDataset(Dataset):
         self.features = store
 
     @classmethod
-    def from_jsonl(cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None):
-        examples, skipped = [], 0
+    def from_jsonl(
+        cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None, exclude=None
+    ):
+        """Read regen JSONL file(s). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`);
+        `domino train` and `domino features` apply the same filter, so feature shards stay aligned."""
+        examples, skipped, excluded = [], 0, 0
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             with open(path, encoding="utf-8") as handle:
                 for line in handle:
@@ -56,6 +61,9 @@ class RegenDataset(Dataset):
                     if example is None:
                         skipped += line.strip() != ""
                         continue
+                    if exclude is not None and exclude(example.prompt):
+                        excluded += 1
+                        continue
                     room = max_length - len(example.prompt_ids)
                     if room < 2:
                         skipped += 1
@@ -64,6 +72,8 @@ class RegenDataset(Dataset):
                     examples.append(example)
         if skipped:
             logger.warning("Skipped %d malformed or unusable lines in %s", skipped, paths)
+        if excluded:
+            logger.warning("Dropped %d record(s) whose prompt overlaps a benchmark prompt", excluded)
         logger.info("Loaded %d training examples (%d response tokens)", len(examples), sum(len(e.response_ids) for e in examples))
         return cls(examples=examples, skipped=skipped, source=str(paths), max_length=max_length)
 
@@ -90,7 +100,8 @@ def _parse_line(line: str, vocab_size: int | None) -> RegenExample | None:
     ids_ok = all(isinstance(t, int) and t >= 0 and (vocab_size is None or t < vocab_size) for t in [*prompt, *response])
     if not (isinstance(prompt, list) and isinstance(response, list) and prompt and len(response) >= 2 and ids_ok):
         return None
-    return RegenExample(prompt_ids=prompt, response_ids=response)
+    text = record.get("prompt") if isinstance(record.get("prompt"), str) else ""
+    return RegenExample(prompt_ids=prompt, response_ids=response, prompt=text)
 
 
 def build_draft_vocab(dataset: RegenDataset, size: int, always: tuple[int, ...] = ()) -> tuple[list[int], float]:

@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from .decontaminate import BenchmarkFilter
 from .regen import DTYPES
 
 logger = logging.getLogger(__name__)
@@ -149,6 +150,8 @@ def run(args) -> int:
     with open(args.config, encoding="utf-8") as handle:
         layer_ids = json.load(handle)["target_layer_ids"]
     vocab = target.config.get_text_config().vocab_size
-    dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=vocab, limit=args.limit)
+    dataset = RegenDataset.from_jsonl(
+        args.data, max_length=args.max_length, vocab_size=vocab, limit=args.limit, exclude=BenchmarkFilter.for_benchmarks()
+    )
     extract_features(target, dataset, layer_ids, args.out, shard_size=args.shard_size, batch_size=args.batch_size)
     return 0

@@ -17,6 +17,7 @@ from transformers import TrainingArguments
 
 from ..modeling import DominoConfig, DominoDraftModel
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab
+from .decontaminate import BenchmarkFilter
 from .objective import DominoObjective
 from .trainer import DominoTrainer, EpochCallback, last_complete_checkpoint
 
@@ -191,7 +192,7 @@ def run(args) -> int:
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2
-    dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=target.config.get_text_config().vocab_size, limit=args.limit)
+    dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=target.config.get_text_config().vocab_size, limit=args.limit, exclude=BenchmarkFilter.for_benchmarks())
     overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
     if args.no_head:
         overrides["use_domino_head"] = False

@@ -1,0 +1,50 @@
+"""No benchmark prompt reaches training: the filter, its use by the dataset, and the shipped draft's data."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from domino_hf.data import read_prompts
+from domino_hf.training.dataset import RegenDataset
+from domino_hf.training.decontaminate import BenchmarkFilter
+from domino_hf.utils import shared_data_dir
+
+
+@pytest.fixture(scope="module")
+def benchmark_filter():
+    return BenchmarkFilter.for_benchmarks()
+
+
+def test_filter_flags_exact_and_long_overlaps(benchmark_filter):
+    mt_bench = read_prompts("mt_bench").records[0]
+    humaneval = read_prompts("humaneval").records[3].turns[0]
+    assert benchmark_filter(mt_bench.turns[0]) and benchmark_filter(mt_bench.turns[1])  # second turns too
+    assert benchmark_filter("  " + mt_bench.turns[0].upper().replace(" ", "   ") + "!")  # normalised
+    words = humaneval.split()
+    assert benchmark_filter("Please help: " + " ".join(words[5:25]) + " thanks")  # a 13-word run inside
+    assert not benchmark_filter("Write a haiku about the sea.")
+    assert not benchmark_filter(" ".join(words[5:15]))  # 10 words in common is not enough
+
+
+def test_dataset_drops_benchmark_prompts(tmp_path, benchmark_filter):
+    alpaca = read_prompts("alpaca").records[0].turns[0]
+    rows = [
+        {"id": "a", "prompt": alpaca, "prompt_ids": [1, 2], "response_ids": [3, 4, 5]},
+        {"id": "b", "prompt": "Tell me a joke about cats.", "prompt_ids": [1, 2], "response_ids": [3, 4, 5]},
+    ]
+    path = tmp_path / "regen.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert len(RegenDataset.from_jsonl(path)) == 2
+    assert len(RegenDataset.from_jsonl(path, exclude=benchmark_filter)) == 1
+
+
+def test_shipped_draft_training_data_has_no_benchmark_prompt(benchmark_filter):
+    """The shipped draft was trained on the shared ShareGPT regen file: none of its prompts is a benchmark's."""
+    path = shared_data_dir() / "regen" / "smollm2-135m-instruct_sharegpt.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} not present")
+    with path.open(encoding="utf-8") as handle:
+        flagged = [row["id"] for row in map(json.loads, handle) if benchmark_filter(row["prompt"])]
+    assert flagged == []
