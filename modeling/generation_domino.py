@@ -90,13 +90,19 @@ class DominoGenerationStats:
 
 
 class DraftBackoff:
-    """No-fit fallback: after `patience` drafted blocks in a row with nothing accepted, skip the draft for 1, 2,
-    4 … (at most `max_skip`) steps between single probes; any accepted token resets it. Decided from the
-    acceptance history only, never from the tokens of the step at hand, so sampling stays exact."""
+    """No-fit fallback: skip the draft while it does not pay for itself.
 
-    def __init__(self, patience: int = 4, max_skip: int = 32):
-        self.patience, self.max_skip = patience, max_skip
-        self.misses = self.skip = self.skip_left = 0
+    A drafted step costs its verify forward (≈ 1.1–1.3× a plain step with `optimize_for_cpu` kernels) plus
+    the draft's forward, so it pays off once it adds ≳ `min_accepted` tokens over a plain step. While the moving
+    average of accepted tokens per drafted step (weight `alpha`, starting at 1) is below that, take 1, 2, 4 …
+    (at most `max_skip`) plain steps between single probes; a probe that lifts the average back ends it.
+    Decided from the acceptance history only, never from the tokens of the step at hand: sampling stays exact.
+    """
+
+    def __init__(self, min_accepted: float = 0.25, alpha: float = 0.1, max_skip: int = 32):
+        self.min_accepted, self.alpha, self.max_skip = min_accepted, alpha, max_skip
+        self.average = 1.0
+        self.skip = self.skip_left = 0
 
     def should_draft(self) -> bool:
         if self.skip_left > 0:
@@ -105,13 +111,14 @@ class DraftBackoff:
         return True
 
     def update(self, drafted: int, accepted: int) -> None:
-        if accepted > 0:
-            self.misses = self.skip = self.skip_left = 0
-        elif drafted > 0:
-            self.misses += 1
-            if self.misses >= self.patience:
-                self.skip = min(max(1, 2 * self.skip), self.max_skip)
-                self.skip_left = self.skip
+        if drafted == 0:
+            return
+        self.average += self.alpha * (accepted - self.average)
+        if self.average >= self.min_accepted:
+            self.skip = self.skip_left = 0
+        else:
+            self.skip = min(max(1, 2 * self.skip), self.max_skip)
+            self.skip_left = self.skip
 
 
 class SourceChooser:
@@ -120,15 +127,16 @@ class SourceChooser:
 
     The draft under-rates spans it cannot copy well (names, numbers, code identifiers), so its raw scores
     would almost never pick a lookup span. Each source's score is therefore scaled by realised ÷ predicted
-    accepted tokens of that source's past proposals (one pseudo-token each), and a span is tried at least
+    accepted tokens of that source's past proposals, and a span is tried at least
     every `explore_every` steps that had one, so both factors keep learning. Everything here is a function of
     the context and of past verify steps, never of a token drawn for the step at hand: sampling stays exact.
+    `prior` is the pseudo-count (in tokens) behind each factor's starting value of 1.
     """
 
-    def __init__(self, explore_every: int = 8):
+    def __init__(self, explore_every: int = 8, prior: float = 0.25):
         self.explore_every = explore_every
-        self.realised = {"domino": 1.0, "lookup": 1.0}
-        self.predicted = {"domino": 1.0, "lookup": 1.0}
+        self.realised = {"domino": prior, "lookup": prior}
+        self.predicted = {"domino": prior, "lookup": prior}
         self.spans_skipped = 0
 
     def choose(self, domino_score: float, lookup_score: float) -> str:
