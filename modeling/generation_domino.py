@@ -122,34 +122,51 @@ class DraftBackoff:
 
 
 class SourceChooser:
-    """Picks the Domino block or the lookup span from the draft's expected accepted tokens, calibrated by what
-    the verifier accepted so far in this `generate` call.
+    """Picks the Domino block or the lookup span, from what each is expected to get accepted.
 
-    The draft under-rates spans it cannot copy well (names, numbers, code identifiers), so its raw scores
-    would almost never pick a lookup span. Each source's score is therefore scaled by realised ÷ predicted
-    accepted tokens of that source's past proposals, and a span is tried at least
-    every `explore_every` steps that had one, so both factors keep learning. Everything here is a function of
-    the context and of past verify steps, never of a token drawn for the step at hand: sampling stays exact.
-    `prior` is the pseudo-count (in tokens) behind each factor's starting value of 1.
+    * Domino: the draft's expected accepted tokens for its greedy block, scaled by realised ÷ predicted
+      accepted tokens of its past proposals in this `generate` call (`prior` pseudo-tokens each), since a
+      draft's confidence is not its acceptance rate.
+    * Lookup: the larger of the draft's expected accepted tokens for the span (the draft agrees with the copy)
+      and the moving average of tokens accepted per past span (weight `alpha`, starting at `lookup_start`):
+      the draft under-rates spans it cannot predict but that are copied verbatim (names, numbers, code).
+    * A span is tried at least every `explore_every` steps that had one, so the average keeps learning.
+    * When spans have been accepted much better than blocks lately (`span_first`), a span is proposed without
+      running the draft at all: on copy-heavy text this saves the draft's forward on most steps.
+
+    Everything here is a function of the context and of past verify steps, never of a token drawn for the
+    step at hand: sampling stays exact.
     """
 
-    def __init__(self, explore_every: int = 8, prior: float = 0.25):
-        self.explore_every = explore_every
-        self.realised = {"domino": prior, "lookup": prior}
-        self.predicted = {"domino": prior, "lookup": prior}
+    def __init__(self, explore_every: int = 8, prior: float = 0.25, alpha: float = 0.3, lookup_start: float = 1.0):
+        self.explore_every, self.prior, self.alpha = explore_every, prior, alpha
+        self.realised = self.predicted = prior
+        self.lookup_average = lookup_start
+        self.domino_average = lookup_start  # accepted tokens per drafted block, same moving average
         self.spans_skipped = 0
 
+    def span_first(self) -> bool:
+        """Propose an available span without drafting: spans have recently beaten blocks by over a token."""
+        return self.lookup_average > self.domino_average + 1.0
+
     def choose(self, domino_score: float, lookup_score: float) -> str:
-        scale = {s: self.realised[s] / self.predicted[s] for s in self.realised}
-        if lookup_score * scale["lookup"] > domino_score * scale["domino"] or self.spans_skipped + 1 >= self.explore_every:
+        domino_value = domino_score * self.realised / self.predicted
+        lookup_value = max(lookup_score, self.lookup_average)
+        if lookup_value > domino_value or self.spans_skipped + 1 >= self.explore_every:
             self.spans_skipped = 0
             return "lookup"
         self.spans_skipped += 1
         return "domino"
 
-    def update(self, source: str, predicted: float, accepted: int) -> None:
-        self.predicted[source] += predicted
-        self.realised[source] += accepted
+    def update(self, source: str, predicted: float | None, accepted: int) -> None:
+        """After a verify step: `predicted` is the draft's expected accepted tokens when it scored the step."""
+        if source == "lookup":
+            self.lookup_average += self.alpha * (accepted - self.lookup_average)
+        elif source == "domino":
+            self.domino_average += self.alpha * (accepted - self.domino_average)
+            if predicted is not None:
+                self.predicted += predicted
+                self.realised += accepted
 
 
 def expected_accepted(probs: list[float], length: int | None = None) -> float:
@@ -277,6 +294,8 @@ class DominoCandidateGenerator(CandidateGenerator):
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
         span = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
+        if len(span) and self.chooser.span_first():
+            return self._propose_lookup(input_ids, span)
         if not self.backoff.should_draft():
             return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
 
@@ -480,8 +499,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         proposed, source, predicted = self._step
         accepted = int(num_matches)
         self.stats.record(proposed, accepted, source)
-        if predicted is not None:
-            self.chooser.update(source, predicted, accepted)
+        self.chooser.update(source, predicted, accepted)
         if source == "domino":
             self.backoff.update(proposed, accepted)
         if self.schedule in _HEURISTIC_SCHEDULES and proposed:

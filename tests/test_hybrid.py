@@ -159,7 +159,7 @@ def test_sampling_with_lookup_is_exact(target, monkeypatch, forced):
     if forced:
         always_lookup(monkeypatch)
     else:  # the calibrated rule as shipped, exploring often enough to matter within 4 new tokens
-        monkeypatch.setattr(SourceChooser.__init__, "__defaults__", (2, 0.25))
+        monkeypatch.setattr(SourceChooser.__init__, "__defaults__", (2, 0.25, 0.3, 0.0))
     assert lookup_steps(target, draft, 50, seed=9) > (20 if forced else 2)
     counts, drafted, accepted = sample(target, 700, seed=11, assistant_model=draft)
     assert 0 < accepted < drafted
@@ -186,5 +186,29 @@ def test_source_chooser_learns_from_acceptance_and_explores():
     chooser = SourceChooser(explore_every=4)
     assert [chooser.choose(2.0, 0.1) for _ in range(4)] == ["domino", "domino", "domino", "lookup"]
     chooser.update("lookup", predicted=0.1, accepted=5)  # the draft under-rated a copied span
-    chooser.update("domino", predicted=2.0, accepted=1)
+    chooser.update("domino", predicted=2.0, accepted=1)  # and over-rated its own block
+    assert chooser.lookup_average == pytest.approx(1.0 + 0.3 * 4)
     assert chooser.choose(2.0, 0.1) == "lookup"
+    for _ in range(10):
+        chooser.update("lookup", predicted=0.1, accepted=0)  # spans stop being accepted
+    assert chooser.choose(2.0, 0.1) == "domino"
+
+
+def test_spans_go_first_without_drafting_when_they_win_by_far(fitted_pair, monkeypatch):
+    """On copy-heavy text the draft is skipped for steps with a span; still lossless, and cheaper."""
+    from domino_hf.modeling.generation_domino import SourceChooser
+
+    chooser = SourceChooser()
+    assert not chooser.span_first()
+    for _ in range(5):
+        chooser.update("lookup", None, 4)
+        chooser.update("domino", None, 0)
+    assert chooser.span_first()
+
+    target, draft, _ = fitted_pair("llama", vocab_size=32)
+    calls = []
+    original = DominoCandidateGenerator._backbone
+    monkeypatch.setattr(DominoCandidateGenerator, "_backbone", lambda self, *a: calls.append(1) or original(self, *a))
+    ids = torch.cat([passage_prompt(32)] * 3, dim=1)  # the passage three times: copying is right
+    _, stats = greedy_both(target, draft, ids, max_new_tokens=40)
+    assert stats.source_counts()["lookup"] > 0 and len(calls) < stats.num_steps
