@@ -13,10 +13,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from .utils import cache_dir
 
@@ -41,20 +41,41 @@ def load_target(
     folder nor the local 🤗 cache has them) is the offline SmolLM2-135M-Instruct, cached once as safetensors.
     Anything else is a local folder or a Hub id for `AutoModelForCausalLM` / `AutoTokenizer`.
     """
-    folder: str | Path = name_or_path
-    packaged = False
-    if name_or_path.lower() == _ALIAS and not Path(name_or_path).exists():
-        folder, packaged = smollm2_folder(), True
-    elif name_or_path.lower() in _FALLBACK_NAMES and not Path(name_or_path).exists():
-        try:
-            return _finish(*_from_pretrained(name_or_path, dtype, local_files_only=True), device)
-        except OSError:
-            logger.info("%s is not in the local 🤗 cache; using the packaged offline copy", name_or_path)
-            folder, packaged = smollm2_folder(), True
-    model, tokenizer = _from_pretrained(folder, dtype)
+    (model, tokenizer), packaged = _resolve(name_or_path, lambda folder, **kw: _from_pretrained(folder, dtype, **kw))
     if packaged:
         model.config._name_or_path = SMOLLM2_HUB_ID
     return _finish(model, tokenizer, device)
+
+
+def load_target_tokenizer(name_or_path: str = _ALIAS) -> tuple[Any, GenerationConfig]:
+    """The target's tokenizer and generation config, without its weights (to drive a server that holds them).
+
+    Names resolve as in `load_target`. A folder without `generation_config.json` gets the one its model config
+    implies (its EOS/pad ids).
+    """
+
+    def load(folder: str | Path, **kwargs: Any) -> tuple[Any, GenerationConfig]:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        try:
+            generation_config = GenerationConfig.from_pretrained(folder, **kwargs)
+        except OSError:
+            generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder, **kwargs))
+        return tokenizer, generation_config
+
+    return _resolve(name_or_path, load)[0]
+
+
+def _resolve(name_or_path: str, load: Callable[..., Any]) -> tuple[Any, bool]:
+    """`(load(folder, **kwargs), whether it is the packaged SmolLM2 copy)` for a target name (see `load_target`)."""
+    if name_or_path.lower() == _ALIAS and not Path(name_or_path).exists():
+        return load(smollm2_folder()), True
+    if name_or_path.lower() in _FALLBACK_NAMES and not Path(name_or_path).exists():
+        try:
+            return load(name_or_path, local_files_only=True), False
+        except OSError:
+            logger.info("%s is not in the local 🤗 cache; using the packaged offline copy", name_or_path)
+            return load(smollm2_folder()), True
+    return load(name_or_path), False
 
 
 def _from_pretrained(folder: str | Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:

@@ -61,9 +61,9 @@ def read_existing(out_path: str | Path) -> set[str]:
     return done
 
 
-def _special_ids(model: Any, tokenizer: Any) -> tuple[int, list[int]]:
-    """`(pad id, eos ids)` from the generation config, falling back to the tokenizer."""
-    eos = model.generation_config.eos_token_id
+def _special_ids(generation_config: Any, tokenizer: Any) -> tuple[int, list[int]]:
+    """`(pad id, eos ids)` from the target's generation config, falling back to the tokenizer."""
+    eos = generation_config.eos_token_id
     if eos is None:
         eos = tokenizer.eos_token_id
     eos_ids = [eos] if isinstance(eos, int) else list(eos or [])
@@ -71,7 +71,7 @@ def _special_ids(model: Any, tokenizer: Any) -> tuple[int, list[int]]:
         raise ValueError("the target has no EOS token id; cannot tell finished answers from cut ones")
     pad = tokenizer.pad_token_id
     if pad is None:
-        pad = model.generation_config.pad_token_id
+        pad = generation_config.pad_token_id
     return (eos_ids[0] if pad is None else pad), eos_ids
 
 
@@ -139,6 +139,36 @@ def regenerate(
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size and max_new_tokens must be positive")
     out_path = Path(out_path)
+    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system)
+    if seed is not None:
+        torch.manual_seed(seed)
+    pad_id, eos_ids = _special_ids(model.generation_config, tokenizer)
+    generate_kwargs = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature)}
+    model.eval()
+    start = time.perf_counter()
+    with out_path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="prompt", desc="regen") as bar:
+        for first in range(0, len(todo), batch_size):
+            batch = todo[first : first + batch_size]
+            with torch.inference_mode():
+                answers = generate_batch(model, [ids for _, ids in batch], pad_id, eos_ids, **generate_kwargs)
+            rows = [make_row(tokenizer, record, ids, response_ids, finished, counts)
+                    for (record, ids), (response_ids, finished) in zip(batch, answers)]
+            _append(fh, rows)
+            bar.update(len(rows))
+            bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
+
+    return summarize(counts, time.perf_counter() - start, out_path)
+
+
+def pending_prompts(
+    tokenizer: Any, prompts: PromptSet, out_path: Path, max_prompt_tokens: int, limit: int | None,
+    system: str | None,
+) -> tuple[list[tuple[PromptRecord, list[int]]], Counter[str]]:
+    """The prompts still to answer, with their chat-templated ids, and the skip counts so far.
+
+    Ids already in `out_path` (or repeated in `prompts`) and prompts over `max_prompt_tokens` are skipped and
+    counted. Creates the output's folder.
+    """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     seen = read_existing(out_path)
     counts: Counter[str] = Counter(skipped_malformed=prompts.skipped)
@@ -153,41 +183,31 @@ def regenerate(
             continue
         seen.add(record.id)
         todo.append((record, ids))
+    return todo, counts
 
-    if seed is not None:
-        torch.manual_seed(seed)
-    pad_id, eos_ids = _special_ids(model, tokenizer)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature)}
-    model.eval()
-    start = time.perf_counter()
-    with out_path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="prompt", desc="regen") as bar:
-        for first in range(0, len(todo), batch_size):
-            batch = todo[first : first + batch_size]
-            with torch.inference_mode():
-                answers = generate_batch(model, [ids for _, ids in batch], pad_id, eos_ids, **generate_kwargs)
-            rows = []
-            for (record, ids), (response_ids, finished) in zip(batch, answers):
-                rows.append({
-                    "id": record.id,
-                    "prompt": record.turns[0],
-                    "response": tokenizer.decode(response_ids, skip_special_tokens=True),
-                    "prompt_ids": ids,
-                    "response_ids": response_ids,
-                    "finished": finished,
-                })
-                counts["response_tokens"] += len(response_ids)
-                counts["finished"] += finished
-            _append(fh, rows)
-            counts["written"] += len(rows)
-            bar.update(len(rows))
-            bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
 
-    seconds = time.perf_counter() - start
-    summary = {
-        key: counts[key]
-        for key in ("written", "finished", "response_tokens", "skipped_existing", "skipped_malformed",
-                    "skipped_too_long")
+def make_row(
+    tokenizer: Any, record: PromptRecord, prompt_ids: list[int], response_ids: list[int], finished: bool,
+    counts: Counter[str],
+) -> dict[str, Any]:
+    """One output line (the schema of `shared/data/regen/README.md`); adds it to the run's `counts`."""
+    counts["response_tokens"] += len(response_ids)
+    counts["finished"] += finished
+    counts["written"] += 1
+    return {
+        "id": record.id,
+        "prompt": record.turns[0],
+        "response": tokenizer.decode(response_ids, skip_special_tokens=True),
+        "prompt_ids": prompt_ids,
+        "response_ids": response_ids,
+        "finished": finished,
     }
+
+
+def summarize(counts: Counter[str], seconds: float, out_path: Path, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The run's summary (returned by the regen functions) and its log line; `extra` names more counts."""
+    keys = ("written", "finished", "response_tokens", "skipped_existing", "skipped_malformed", "skipped_too_long")
+    summary: dict[str, Any] = {key: counts[key] for key in keys + extra}
     summary.update(seconds=round(seconds, 2), tokens_per_s=round(counts["response_tokens"] / max(seconds, 1e-9), 1),
                    out=str(out_path))
     logger.info(
@@ -238,11 +258,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "(default: %(default)s).")
     add("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: cuda if "
         "available, else cpu).")
+    _add_endpoint_arguments(parser)
     parser.set_defaults(func=run)
+
+
+def _add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    from .endpoint import add_endpoint_arguments  # endpoint.py builds on this module
+
+    add_endpoint_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `domino regen`; returns the exit code."""
+    if args.endpoint:
+        from .endpoint import run_endpoint
+
+        return run_endpoint(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
