@@ -49,15 +49,15 @@ def _free_port() -> int:
 class LlamaServer:
     """llama-cpp-python's server on a free local port, serving the packaged SmolLM2 GGUF as `smollm2`."""
 
-    def __init__(self, n_ctx: int = 512):
+    def __init__(self, n_ctx: int = 512, n_threads: int = 1):
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/v1"
         gguf = _smollm2_package_dir() / SMOLLM2_GGUF
         self.log = tempfile.TemporaryFile()  # llama.cpp logs a lot: a pipe left unread would block it
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", "smollm2",
-             "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(n_ctx), "--n_threads", "1",
-             "--n_threads_batch", "1"],
+             "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(n_ctx), "--n_threads", str(n_threads),
+             "--n_threads_batch", str(n_threads)],
             stdout=self.log, stderr=subprocess.STDOUT,
         )
         client = EndpointClient(self.url, timeout=5, retries=0)
