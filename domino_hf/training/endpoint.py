@@ -227,7 +227,14 @@ class EndpointRegen:
         self._check_tokenizer()
 
     def _pick_model(self, model: str | None) -> tuple[str, str]:
-        served = self.client.get("/models").get("data") or []
+        try:
+            reply = self.client.get("/models")
+        except RequestRejected as err:
+            if err.status != 404:
+                raise
+            raise EndpointError(f"{self.client.base_url}/models was not found (HTTP 404); --endpoint must be the "
+                                "server's API root, e.g. http://127.0.0.1:8000/v1") from None
+        served = (reply.get("data") if isinstance(reply, dict) else None) or []
         names = {str(entry.get("id")): str(entry.get("owned_by", "")).lower() for entry in served}
         if model is None:
             if len(names) != 1:

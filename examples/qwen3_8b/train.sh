@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stages 2-4 of the Qwen3-8B recipe (docs/training.md): train the draft with accelerate on N GPUs, export it,
 # push it to the Hub. NOT RUN in this repository's development (no GPU there): the trainer, DDP and resume are
-# tested on CPU; the FSDP config was not run.
+# tested on CPU; the FSDP config was not run (accelerate refuses FSDP on CPU).
 #   bash examples/qwen3_8b/train.sh [DATA] [RUN] [ddp|fsdp]
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
