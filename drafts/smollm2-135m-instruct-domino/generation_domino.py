@@ -149,6 +149,10 @@ class SourceChooser:
         """Propose an available span without drafting: spans have recently beaten blocks by over a token."""
         return self.lookup_average > self.domino_average + 1.0
 
+    def needs_lookup_score(self, domino_score: float) -> bool:
+        """Whether the draft's score of the span can change the choice (else its rollout is skipped)."""
+        return self.lookup_average <= domino_score * self.realised / self.predicted
+
     def choose(self, domino_score: float, lookup_score: float) -> str:
         domino_value = domino_score * self.realised / self.predicted
         lookup_value = max(lookup_score, self.lookup_average)
@@ -307,9 +311,11 @@ class DominoCandidateGenerator(CandidateGenerator):
         clock("lm_head")
         predicted = greedy_ids = None
         if len(span):  # choose before drawing anything: both scores are functions of the context only
-            lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
             greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
-            scores = {"lookup": expected_accepted(lookup_probs, len(span)), "domino": expected_accepted(domino_probs)}
+            scores = {"domino": expected_accepted(domino_probs), "lookup": 0.0}
+            if self.chooser.needs_lookup_score(scores["domino"]):
+                lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
+                scores["lookup"] = expected_accepted(lookup_probs, len(span))
             source = self.chooser.choose(scores["domino"], scores["lookup"])
             predicted = scores[source]
             if source == "lookup":
