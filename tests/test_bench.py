@@ -276,7 +276,7 @@ def _parse(argv):
 def test_cli_help_and_defaults():
     args = _parse([])
     assert args.target == "smollm2" and args.prompts == ["humaneval", "mt_bench"] and args.num_prompts == 10
-    assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "docs/bench"
+    assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "runs/bench"
     assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
     assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True
     assert bench_cli.cpu_cores() >= 1
@@ -313,7 +313,7 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     draft.save_pretrained(tmp_path / "draft")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": f"w{i} w{i + 1} w{i}"}) for i in range(3)))
-    monkeypatch.setattr(bench_cli, "load_target", lambda name, dtype, device: (target, tiny_tokenizer))
+    monkeypatch.setattr(bench_cli, "load_target", lambda name, dtype, device, **hub_options: (target, tiny_tokenizer))
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
             "--out", str(tmp_path / "out"), "--threads", "1"]

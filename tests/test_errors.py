@@ -48,8 +48,9 @@ def test_static_cache(pair, cache):
         ({}, dict(hidden_size=64), "draft hidden size 64 != target's 32"),
         (dict(vocab_size=32), {}, "vocabulary 16 != target's LM head 32"),
         (dict(num_hidden_layers=8), {}, "built for 6 target layers, target has 8"),
-        ({}, dict(target_layer_ids=[1, 6]), r"target_layer_ids \[1, 6\] exceed the target's layers"),
-        ({}, dict(mask_token_id=16), "mask_token_id 16 outside the target vocabulary"),
+        # (a config whose own fields disagree is refused at construction: tests/test_config_validation.py)
+        ({}, dict(num_target_layers=8, target_layer_ids=[1, 7]), r"target_layer_ids \[1, 7\] exceed the target's layers"),
+        ({}, dict(vocab_size=32, mask_token_id=16), "mask_token_id 16 outside the target vocabulary"),
     ],
     ids=["hidden_size", "draft_hidden_size", "vocab", "num_target_layers", "target_layer_ids", "mask_token_id"],
 )

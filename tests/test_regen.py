@@ -127,7 +127,7 @@ def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     prompts_file = tmp_path / "p.jsonl"
     prompts_file.write_text("".join(json.dumps({"id": r.id, "prompt": r.turns[0]}) + "\n"
                                     for r in _prompts(3).records) + "{broken\n")
-    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device: tiny_llama)
+    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "3",
                               "--device", "cpu"])

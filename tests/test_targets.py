@@ -9,7 +9,7 @@ import pytest
 from conftest import make_tiny_llama, make_tiny_tokenizer
 
 from domino_hf import targets
-from domino_hf.targets import SMOLLM2_CACHE_NAME, SMOLLM2_HUB_ID, load_target
+from domino_hf.targets import SMOLLM2_CACHE_NAME, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME, load_target
 
 
 @pytest.fixture
@@ -47,15 +47,46 @@ def test_local_folder(tmp_path):
 def test_smollm2_alias_builds_the_cache_once(fake_gguf, tmp_path):
     model, _ = load_target("smollm2")
     assert fake_gguf == [targets.SMOLLM2_GGUF]
-    assert model.config._name_or_path == SMOLLM2_HUB_ID and not model.training
+    # Named as what it is (a dequantised Q4_1 GGUF), never with the Hub id of the bf16 original.
+    assert model.config._name_or_path == SMOLLM2_PACKAGED_NAME and not model.training
     cached = tmp_path / "cache" / "targets" / SMOLLM2_CACHE_NAME
     assert (cached / "model.safetensors").is_file()
     load_target("SmolLM2")
-    assert len(fake_gguf) == 1  # second load read the cache
-    # The real names fall back to the packaged copy when the local 🤗 cache does not have them.
-    model, _ = load_target(SMOLLM2_HUB_ID)
-    assert len(fake_gguf) == 1 and model.config._name_or_path == SMOLLM2_HUB_ID
+    model, _ = load_target(SMOLLM2_PACKAGED_NAME)  # the recorded name loads it back
+    assert len(fake_gguf) == 1  # later loads read the cache
+    assert model.config._name_or_path == SMOLLM2_PACKAGED_NAME
     assert [p.name for p in cached.parent.iterdir()] == [SMOLLM2_CACHE_NAME]  # no temp folder left
+
+
+def test_hub_id_is_never_swapped_for_the_packaged_copy(fake_gguf, monkeypatch):
+    """The Hub id means the Hub's weights: when they cannot be loaded, say so and name `smollm2`."""
+
+    def hub_unreachable(folder, dtype, **kwargs):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")  # what an offline Hub load raises
+
+    monkeypatch.setattr(targets, "_from_pretrained", hub_unreachable)
+    with pytest.raises(OSError, match=r"could not be loaded: We couldn't connect.*Q4_1 GGUF dequantised.*use `smollm2`"):
+        load_target(SMOLLM2_HUB_ID)
+    assert fake_gguf == []
+
+
+@pytest.mark.parametrize("name", ["./missing", "runs/x/target", "~/no-such-folder", "/no/such/target", "missing/"])
+def test_missing_local_path_is_a_clear_error(name):
+    with pytest.raises(FileNotFoundError, match=r"no such folder \(relative to .*\)\. Give a model folder, a Hub id"):
+        load_target(name)
+
+
+def test_hub_options_reach_from_pretrained(monkeypatch):
+    seen = []
+
+    def record(folder, dtype, **kwargs):
+        seen.append(kwargs)
+        raise OSError("stop here")
+
+    monkeypatch.setattr(targets, "_from_pretrained", record)
+    with pytest.raises(OSError, match="not a local folder either"):
+        load_target("owner/model", trust_remote_code=True, revision="v1", token="hf_x")
+    assert seen == [{"trust_remote_code": True, "revision": "v1", "token": "hf_x"}]
 
 
 def test_killed_cache_write_leaves_nothing(fake_gguf, tmp_path, monkeypatch):
@@ -86,7 +117,7 @@ def test_real_smollm2_and_its_cache(monkeypatch):
     pytest.importorskip("gguf")
     model, tokenizer = load_target("smollm2")  # builds the cache on the very first run (~20-30 s)
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
-    assert model.config._name_or_path == SMOLLM2_HUB_ID and tokenizer.eos_token == "<|im_end|>"
+    assert model.config._name_or_path == SMOLLM2_PACKAGED_NAME and tokenizer.eos_token == "<|im_end|>"
 
     def no_gguf(*args, **kwargs):
         raise AssertionError("the second load must read the safetensors cache, not the GGUF")

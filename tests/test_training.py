@@ -264,7 +264,7 @@ def test_features_cli_loads_the_target_in_the_requested_dtype(tmp_path, monkeypa
 
     seen = []
 
-    def fake_load_target(name, dtype=torch.float32, device="cpu"):
+    def fake_load_target(name, dtype=torch.float32, device="cpu", **hub_options):
         seen.append(dtype)
         raise OSError("no target in this test")
 

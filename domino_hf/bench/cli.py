@@ -11,7 +11,8 @@ import logging
 import os
 from pathlib import Path
 
-from ..utils import project_root
+from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
+from ..utils import git_tracked, looks_like_local_path, project_root
 from .runner import AR, BenchConfig, BenchPrompt
 
 logger = logging.getLogger(__name__)
@@ -56,13 +57,7 @@ def _csv(value: str) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     models = parser.add_argument_group("models")
-    models.add_argument(
-        "--target",
-        metavar="NAME_OR_PATH",
-        default="smollm2",
-        help="target model: `smollm2` (offline SmolLM2-135M-Instruct), a local folder or a Hub id (default: "
-        "%(default)s)",
-    )
+    add_target_arguments(models)
     models.add_argument(
         "--draft",
         metavar="PATH_OR_REPO",
@@ -231,7 +226,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     out = parser.add_argument_group("output")
-    out.add_argument("--out", metavar="DIR", default="docs/bench", help="output folder (default: %(default)s)")
+    out.add_argument("--out", "--output_dir", dest="out", metavar="DIR", default="runs/bench", help="output folder (default: %(default)s)")
+    out.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir", action="store_true",
+                     help="allow replacing a report that git tracks (e.g. the committed docs/bench)")
     out.add_argument(
         "--name",
         metavar="STEM",
@@ -248,7 +245,7 @@ def register(subparsers) -> None:
         help="benchmark Domino against autoregressive, prompt lookup, assisted and DFlash decoding",
         description=DESCRIPTION,
         epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
     parser.set_defaults(func=run)
@@ -269,10 +266,20 @@ def resolve_draft(draft: str | None) -> str:
                 "or benchmark without a draft: --methods autoregressive,prompt_lookup."
             )
         return str(path)
-    looks_local = draft.startswith((".", "/", "~")) or Path(draft).expanduser().exists() or draft.count("/") != 1
+    looks_local = looks_like_local_path(draft) or Path(draft).expanduser().exists() or draft.count("/") != 1
     if looks_local and not Path(draft).expanduser().is_dir():
         raise UsageError(f"--draft {draft}: no such folder (give a local draft folder or a Hub id `owner/name`).")
     return str(Path(draft).expanduser()) if looks_local else draft
+
+
+def refuse_tracked_overwrite(out: Path, names: list[str], overwrite: bool) -> None:
+    """A report file that git tracks (the committed docs/bench) is replaced only with --overwrite_output_dir."""
+    tracked = [name for name in names if git_tracked(out / name)]
+    if tracked and not overwrite:
+        raise UsageError(
+            f"--out {out}: {', '.join(tracked)} is tracked by git (a committed report). Write elsewhere "
+            "(default runs/bench, or --name STEM) or pass --overwrite_output_dir to replace it."
+        )
 
 
 def resolve_device(device: str) -> str:
@@ -356,10 +363,13 @@ def choose_methods(requested: list[str] | None, assistant: str | None) -> list[s
     return requested
 
 
-def load_target(name: str, dtype, device):
+def load_target(name: str, dtype, device, **hub_options):
     from ..targets import load_target as _load
 
-    return _load(name, dtype=dtype, device=device)
+    try:
+        return _load(name, dtype=dtype, device=device, **hub_options)
+    except (OSError, ImportError) as err:  # a missing folder, package or Hub model
+        raise UsageError(str(err)) from err
 
 
 def cpu_cores() -> int:
@@ -389,12 +399,14 @@ def _run(args: argparse.Namespace) -> int:
     methods = choose_methods(args.methods, args.assistant)
     needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
     draft_name = resolve_draft(args.draft) if needs_draft else None
+    stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
+    refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
     threads = args.threads or cpu_cores()  # after the argument checks: a usage error changes nothing
     torch.set_num_threads(threads)
     if args.dtype != "float32" and args.temperature <= 0:
         logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
 
-    target, tokenizer = load_target(args.target, dtype, device)
+    target, tokenizer = load_target(args.target, dtype, device, **target_kwargs(args))
     draft_dtype = resolve_draft_dtype(args.draft_dtype, dtype, device)
     draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
     if draft is not None and args.confidence_threshold is not None:
@@ -449,7 +461,6 @@ def _run(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.no_progress,
         )
-    stem = args.name or ("bench" if config.greedy else f"bench_T{args.temperature:g}")
     paths = write_report(result, args.out, stem=stem, plots=not args.no_plots)
     print(markdown(result))
     print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")

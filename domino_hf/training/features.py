@@ -19,6 +19,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
+from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from .decontaminate import BenchmarkFilter
 from .regen import DTYPES
 
@@ -121,37 +122,36 @@ def register(subparsers) -> None:
         help="Cache the target's context features of training data on disk (resumable).",
         description="Run the frozen target once over `domino regen` data and store the hidden states of the "
         "draft's target_layer_ids in half precision, so `domino train --features DIR` needs no target forward.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--target", default="smollm2", help="Target model: local folder, Hub id, or `smollm2`.")
-    parser.add_argument("--data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    parser.add_argument("--config", required=True, help="Draft config JSON whose target_layer_ids to store.")
-    parser.add_argument("--out", required=True, help="Feature folder (shards + features.json).")
-    parser.add_argument("--max-length", type=int, default=3072, help="Same truncation as `domino train`.")
-    parser.add_argument("--limit", type=int, default=None, help="Only the first N examples.")
-    parser.add_argument("--batch-size", type=int, default=8, help="Sequences per target forward.")
+    add_target_arguments(parser)
+    parser.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
+    parser.add_argument("--config", "--config_name", dest="config", required=True, help="Draft config JSON whose target_layer_ids to store.")
+    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Feature folder (shards + features.json).")
+    parser.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Same truncation as `domino train`.")
+    parser.add_argument("--limit", type=int, default=None, help="Only the first N examples (default: all).")
+    parser.add_argument("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8, help="Sequences per target forward.")
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
                         help="Dtype of the target's forward (features are stored in float16 either way); bfloat16 "
-                        "is several times faster on CPUs with native bf16 (default: %(default)s).")
+                        "is several times faster on CPUs with native bf16.")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     from ..targets import load_target
     from ..utils import require_paths
-    from .dataset import RegenDataset
+    from .dataset import load_training_data
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, _ = load_target(args.target, dtype=DTYPES[args.dtype])
-    except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
+        target, _ = load_target(args.target, dtype=DTYPES[args.dtype], **target_kwargs(args))
+        vocab = target.config.get_text_config().vocab_size
+        dataset = load_training_data(args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks())
+    except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
         logger.error("%s", err)
         return 2
     with open(args.config, encoding="utf-8") as handle:
         layer_ids = json.load(handle)["target_layer_ids"]
-    vocab = target.config.get_text_config().vocab_size
-    dataset = RegenDataset.from_jsonl(
-        args.data, max_length=args.max_length, vocab_size=vocab, limit=args.limit, exclude=BenchmarkFilter.for_benchmarks()
-    )
     extract_features(target, dataset, layer_ids, args.out, shard_size=args.shard_size, batch_size=args.batch_size)
     return 0

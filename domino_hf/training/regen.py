@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..data import PromptRecord, PromptSet, chat_input_ids, read_prompts
 from ..targets import load_target
 
@@ -230,16 +231,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Have the target model answer prompts and append the answers (with token ids) to a JSONL "
         "file, the training data for a Domino draft. Rerunning with the same --out resumes: ids already "
         "answered are skipped and a line cut short by a kill is rewritten.",
+        formatter_class=HelpFormatter,
     )
     add = parser.add_argument
-    add("--target", default="smollm2", metavar="NAME_OR_PATH",
-        help="Target model: `smollm2` (SmolLM2-135M-Instruct, works offline), a local folder or a Hub id "
-        "(default: %(default)s).")
+    add_target_arguments(parser)
     add("--prompts", default="sharegpt", metavar="SOURCE",
         help="Prompt source: a JSONL/JSON file, `sharegpt`, `humaneval`, `mt_bench`, `alpaca`, `sum`, `qa`, or "
         "`hf:<dataset>[:split]`; the first user turn of each record is answered (default: %(default)s).")
-    add("--out", required=True, metavar="FILE", help="Output JSONL file, appended to and created if missing.")
-    add("--batch-size", type=int, default=24, metavar="N",
+    add("--out", "--output_file", dest="out", required=True, metavar="FILE", help="Output JSONL file, appended to and created if missing.")
+    add("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=24, metavar="N",
         help="Prompts generated together, left-padded (default: %(default)s).")
     add("--max-new-tokens", type=int, default=128, metavar="N",
         help="Maximum tokens per answer; answers that hit it are written with finished=false "
@@ -277,7 +277,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
-        model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], device=device)
+        model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], device=device, **target_kwargs(args))
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainingArguments
 
+from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..modeling import DominoConfig, DominoDraftModel
-from .dataset import AnchorCollator, RegenDataset, build_draft_vocab
+from ..modeling.configuration_domino import target_token_ids
+from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
 from .objective import DominoObjective
 from .trainer import DominoTrainer, EpochCallback, last_complete_checkpoint
@@ -43,7 +45,7 @@ class TrainSettings:
     save_total_limit: int = 2
     seed: int = 0
     report_to: str = "none"
-    resume: bool = False
+    resume: bool | str = False  # True: the newest complete checkpoint in output_dir; a str: that checkpoint
     bf16: bool | None = None  # None: on when a GPU supports it
 
 
@@ -72,8 +74,11 @@ def build_draft(target, tokenizer, config_path=None, init="random", **overrides)
         with open(config_path, encoding="utf-8") as handle:
             fields = json.load(handle)
         fields.update({k: v for k, v in overrides.items() if v is not None})
+        for key, value in target_token_ids(target.config).items():  # what 🤗 pipelines compare with the target's
+            fields.setdefault(key, value)
         config = DominoConfig(**fields)
-        config.target_name_or_path = config.target_name_or_path or target.config._name_or_path
+        # provenance is the target actually trained with, whatever the config file was written for
+        config.target_name_or_path = target.config._name_or_path or config.target_name_or_path
     else:
         config = DominoConfig.for_target(target.config, tokenizer, **{k: v for k, v in overrides.items() if v is not None})
     torch.manual_seed(0)
@@ -122,7 +127,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         tau_probe=tau_probe,
         callbacks=[EpochCallback(dataset)],
     )
-    resume = last_complete_checkpoint(settings.output_dir) if settings.resume else None
+    resume = last_complete_checkpoint(settings.output_dir) if settings.resume is True else settings.resume or None
     if resume:
         logger.info("Resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
@@ -141,42 +146,46 @@ def register(subparsers) -> None:
         "train",
         help="Train a Domino draft for a target on regenerated data.",
         description="Train a Domino draft (DFlash backbone + Domino head) with teacher forcing and the "
-        "base-anchored curriculum. Single process here; `accelerate launch -m domino_hf.train …` for many GPUs.",
+        "base-anchored curriculum. Single process here; `accelerate launch -m domino_hf.train …` for many GPUs. "
+        "Options also answer to the 🤗 Trainer scripts' names (--output_dir, --learning_rate, …).",
+        formatter_class=HelpFormatter,
     )
     add_train_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
+    target = parser.add_argument_group("target")
+    add_target_arguments(target)
     data = parser.add_argument_group("data")
-    data.add_argument("--target", default="smollm2", help="Target model: local folder, Hub id, or `smollm2` (offline).")
-    data.add_argument("--data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    data.add_argument("--max-length", type=int, default=3072, help="Truncate prompt+response to this many tokens.")
+    data.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
+    data.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Truncate prompt+response to this many tokens.")
     data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
     data.add_argument("--features", default=None, help="Context features cached by `domino features` (no target forward while training).")
     draft = parser.add_argument_group("draft architecture")
-    draft.add_argument("--config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else derived from the target.")
+    draft.add_argument("--config", "--config_name", dest="config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else derived from the target (head sized by `head_sizes_for`).")
     draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
     draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
     draft.add_argument("--init", default="random", help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to continue from a trained draft.")
     recipe = parser.add_argument_group("recipe")
-    recipe.add_argument("--out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
-    recipe.add_argument("--epochs", type=float, default=3.0, help="Passes over the data (paper: 3–6).")
-    recipe.add_argument("--max-steps", type=int, default=-1, help="Stop after N optimizer steps (overrides --epochs).")
-    recipe.add_argument("--batch-size", type=int, default=4, help="Sequences per device per step.")
-    recipe.add_argument("--grad-accum", type=int, default=1, help="Gradient accumulation steps (global batch = devices × batch × accum).")
-    recipe.add_argument("--lr", type=float, default=6e-4, help="Peak AdamW learning rate (cosine schedule, 4%% warmup).")
-    recipe.add_argument("--num-anchors", type=int, default=32, help="Random anchors (blocks) per sequence, inside the response.")
+    recipe.add_argument("--out", "--output_dir", dest="out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
+    recipe.add_argument("--epochs", "--num_train_epochs", dest="epochs", type=float, default=3.0, help="Passes over the data (paper: 3–6).")
+    recipe.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=-1, help="Stop after N optimizer steps (overrides --epochs when > 0).")
+    recipe.add_argument("--batch-size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4, help="Sequences per device per step.")
+    recipe.add_argument("--grad-accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1, help="Gradient accumulation steps (global batch = devices × batch × accum).")
+    recipe.add_argument("--lr", "--learning_rate", dest="lr", type=float, default=6e-4, help="Peak AdamW learning rate (cosine schedule, 4%% warmup).")
+    recipe.add_argument("--num-anchors", "--num_anchors", dest="num_anchors", type=int, default=32, help="Random anchors (blocks) per sequence, inside the response.")
     recipe.add_argument("--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).")
     recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
     run_group = parser.add_argument_group("run")
-    run_group.add_argument("--resume", action="store_true", help="Continue from the newest complete checkpoint in --out.")
-    run_group.add_argument("--save-steps", type=int, default=200, help="Checkpoint every N steps (atomic; resumable).")
-    run_group.add_argument("--logging-steps", type=int, default=10, help="Log losses/accuracies/throughput every N steps.")
-    run_group.add_argument("--report-to", default="none", help="Trainer integrations: none, tensorboard, wandb, …")
+    run_group.add_argument("--resume", action="store_const", const=True, default=False, help="Continue from the newest complete checkpoint in --out.")
+    run_group.add_argument("--resume_from_checkpoint", dest="resume", nargs="?", const=True, metavar="CHECKPOINT", help="Continue from CHECKPOINT (a checkpoint-N folder), or without a value from the newest complete one in --out.")
+    run_group.add_argument("--save-steps", "--save_steps", dest="save_steps", type=int, default=200, help="Checkpoint every N steps (atomic; resumable).")
+    run_group.add_argument("--logging-steps", "--logging_steps", dest="logging_steps", type=int, default=10, help="Log losses/accuracies/throughput every N steps.")
+    run_group.add_argument("--report-to", "--report_to", dest="report_to", default="none", help="Trainer integrations: none, tensorboard, wandb, …")
     run_group.add_argument("--probe-prompts", default=None, help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.")
     run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
     run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
@@ -187,12 +196,14 @@ def run(args) -> int:
     from ..utils import require_paths
 
     try:  # missing inputs fail before the (slower) target load
-        require_paths(data=args.data, config=args.config, features=args.features)
-        target, tokenizer = load_target(args.target)
-    except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
+        require_paths(data=args.data, config=args.config, features=args.features,
+                      resume_from_checkpoint=args.resume if isinstance(args.resume, str) else None)
+        target, tokenizer = load_target(args.target, **target_kwargs(args))
+        dataset = load_training_data(args.data, args.max_length, target.config.get_text_config().vocab_size, args.limit,
+                                     exclude=BenchmarkFilter.for_benchmarks())
+    except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; Hub unreachable
         logger.error("%s", err)
         return 2
-    dataset = RegenDataset.from_jsonl(args.data, max_length=args.max_length, vocab_size=target.config.get_text_config().vocab_size, limit=args.limit, exclude=BenchmarkFilter.for_benchmarks())
     overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
     if args.no_head:
         overrides["use_domino_head"] = False
@@ -242,7 +253,8 @@ def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", description="Train a Domino draft (see `domino train --help`).")
+    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", description="Train a Domino draft (see `domino train --help`).",
+                                     formatter_class=HelpFormatter)
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -48,7 +48,14 @@ class DominoConfig(PretrainedConfig):
             proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
             beat the full block. Lossless (fewer candidates).
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
-            for; a different target is reported (warning) at generation time.
+            for (named in the error raised when the draft does not fit a target).
+        bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
+            The draft never uses them itself; 🤗 pipelines compare them with the target's to decide that the two
+            models share a tokenizer (`pipeline(..., assistant_model=draft)`), so `for_target` copies them.
+
+    Every field is checked on construction, on load (`from_pretrained` of a `config.json`) and when set
+    afterwards (`config.block_size = 0` raises): a [`DominoConfigError`] (a `ValueError`) names the field and the
+    allowed range.
     """
 
     model_type = "domino_draft"
@@ -81,6 +88,9 @@ class DominoConfig(PretrainedConfig):
         max_draft_tokens=None,
         target_model_type=None,
         target_name_or_path=None,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
         **kwargs,
     ):
         # --- the published dialect (official Domino / z-lab DFlash checkpoints) -------------------------------
@@ -130,8 +140,52 @@ class DominoConfig(PretrainedConfig):
         self.max_draft_tokens = max_draft_tokens
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self._check_all()  # before 🤗's own checks, which only warn about a bad token id
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
+        self._checked = True  # from now on, __setattr__ checks every field that is set
+
+    # ------------------------------------------------------------------------------------------ validation
+    def __setattr__(self, key, value):
+        if self.__dict__.get("_checked") and key in _FIELD_RULES:
+            _check_field(key, value)
+        super().__setattr__(key, value)
+
+    def _check_all(self) -> None:
+        for name in _FIELD_RULES:
+            _check_field(name, getattr(self, name))
+        if self.num_attention_heads % self.num_key_value_heads:
+            _fail("num_attention_heads", self.num_attention_heads,
+                  f"a multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if any(i >= self.num_target_layers for i in self.target_layer_ids):
+            _fail("target_layer_ids", self.target_layer_ids,
+                  f"layer ids below num_target_layers ({self.num_target_layers})")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            _fail("mask_token_id", self.mask_token_id, f"a token id in [0, vocab_size) = [0, {self.vocab_size})")
+        if self.draft_vocab_ids is not None and not all(0 <= i < self.vocab_size for i in self.draft_vocab_ids):
+            _fail("draft_vocab_ids", f"{len(self.draft_vocab_ids)} ids up to {max(self.draft_vocab_ids)}",
+                  f"token ids in [0, vocab_size) = [0, {self.vocab_size})")
+        if not self.shift_label and self.block_size < 2:
+            _fail("block_size", self.block_size, "at least 2 with shift_label=False (slot 0 is the anchor)")
+        if self.pure_draft_prefix_len > self.num_draft_tokens:
+            _fail("pure_draft_prefix_len", self.pure_draft_prefix_len,
+                  f"an integer in [0, {self.num_draft_tokens}] (the draft tokens per block)")
+
+    def validate(self):
+        """🤗's save-time check (`save_pretrained` calls it), extended with the Domino fields."""
+        super().validate()
+        self._check_all()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """As `PretrainedConfig.from_pretrained`; a bad value is reported with the folder it came from."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except DominoConfigError as err:
+            raise DominoConfigError(f"{pretrained_model_name_or_path}: {err}") from None
 
     @classmethod
     def for_target(cls, target_config, tokenizer=None, num_context_layers=5, **overrides):
@@ -141,6 +195,9 @@ class DominoConfig(PretrainedConfig):
         * `target_layer_ids`: `num_context_layers` layers evenly spread from layer 1 to `num_layers - 3`, as
           in the published checkpoints (36-layer Qwen3: [1, 9, 17, 25, 33]); shallow targets use what exists.
         * `mask_token_id`: see `pick_mask_token_id`.
+        * `gru_hidden_dim`, `correction_rank`: see `head_sizes_for` (the paper's 1024 / 256 from 2048-wide
+          targets up, e.g. Qwen3-4B/8B; half the width, as a power of two, below).
+        * `bos/eos/pad_token_id`: the target's, so 🤗 pipelines see that the draft shares its tokenizer.
         Any keyword in `overrides` (e.g. `num_hidden_layers`, `block_size`) wins.
         """
         text = target_config.get_text_config()
@@ -163,6 +220,8 @@ class DominoConfig(PretrainedConfig):
             mask_token_id=pick_mask_token_id(text.vocab_size, tokenizer),
             target_model_type=getattr(text, "model_type", None),
             target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+            **head_sizes_for(text.hidden_size),
+            **target_token_ids(target_config),
         )
         fields.update(overrides)
         return cls(**fields)
@@ -176,6 +235,81 @@ class DominoConfig(PretrainedConfig):
     def draft_vocab_size(self) -> int:
         """Rows of the draft's output space (the sub-vocabulary if any, else the full vocabulary)."""
         return len(self.draft_vocab_ids) if self.draft_vocab_ids is not None else self.vocab_size
+
+
+class DominoConfigError(ValueError):
+    """A `DominoConfig` field outside its allowed range (the message names the field and the range)."""
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # not NaN
+
+
+def _is_token_id(value) -> bool:
+    return _is_int(value) and value >= 0
+
+
+def _is_id_list(value) -> bool:
+    return isinstance(value, (list, tuple)) and len(value) > 0 and all(_is_token_id(i) for i in value) \
+        and len(set(value)) == len(value)
+
+
+# Field -> (allowed?, the allowed range in words). Checks that involve two fields live in `_check_all`.
+_POSITIVE = (lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+_FIELD_RULES = {
+    **{name: _POSITIVE for name in (
+        "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+        "num_key_value_heads", "max_position_embeddings", "num_target_layers", "target_hidden_size", "block_size",
+        "gru_hidden_dim", "correction_rank")},
+    "head_dim": (lambda v: _is_int(v) and v >= 2 and v % 2 == 0, "an even integer >= 2 (RoPE rotates pairs)"),
+    "rms_norm_eps": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "rope_theta": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "target_layer_ids": (_is_id_list, "a non-empty list of distinct layer ids >= 0"),
+    "mask_token_id": (_is_token_id, "a token id >= 0"),
+    "pure_draft_prefix_len": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "draft_vocab_ids": (lambda v: v is None or _is_id_list(v), "None (full vocabulary) or a non-empty list of "
+                        "distinct token ids >= 0"),
+    "draft_confidence_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "a probability in [0, 1] "
+                                   "(0 = always draft the whole block)"),
+    "max_draft_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "None (no cap) or an integer >= 1"),
+    "bos_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
+    "pad_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
+    "eos_token_id": (lambda v: v is None or _is_token_id(v) or _is_id_list(v), "None, a token id >= 0 or a list "
+                     "of them"),
+}
+
+
+def _fail(name, value, allowed) -> None:
+    raise DominoConfigError(f"DominoConfig.{name} must be {allowed}, got {value!r}.")
+
+
+def _check_field(name, value) -> None:
+    allowed, description = _FIELD_RULES[name]
+    if not allowed(value):
+        _fail(name, value, description)
+
+
+def head_sizes_for(hidden_size: int) -> dict:
+    """Domino head sizes for a target of width `hidden_size`: `gru_hidden_dim` = min(1024, P) and
+    `correction_rank` = min(256, P), where P is the largest power of two <= hidden_size / 2.
+
+    The paper's 1024 / 256 (sized for 2560- and 4096-wide Qwen3-4B/8B) are kept from 2048-wide targets up;
+    narrower targets get a head that does not outweigh them (SmolLM2-135M, 576 wide: 256 / 256, the shipped
+    draft; a 64-wide test target: 32 / 32).
+    """
+    half = max(1, hidden_size // 2)
+    power = 1 << (half.bit_length() - 1)
+    return {"gru_hidden_dim": min(1024, power), "correction_rank": min(256, power)}
+
+
+def target_token_ids(target_config) -> dict:
+    """The target's `bos/eos/pad_token_id` (of its text config), which 🤗 pipelines compare with the draft's."""
+    text = target_config.get_text_config()
+    return {key: getattr(text, key, None) for key in ("bos_token_id", "eos_token_id", "pad_token_id")}
 
 
 def spread_target_layers(num_layers: int, count: int = 5) -> list[int]:

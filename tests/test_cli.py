@@ -1,0 +1,203 @@
+"""`domino` CLI conventions: fast top-level help, defaults in every --help, 🤗 Trainer option names, target
+loading options, and one-line errors for empty data, missing paths and a committed bench report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from domino_hf.cli import SUBCOMMANDS, build_parser, main, requested_command
+
+
+def _subparser(command: str) -> argparse.ArgumentParser:
+    parser = build_parser(command)
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[command]
+
+
+def test_top_level_help_imports_neither_torch_nor_transformers():
+    script = (
+        "import sys\n"
+        "from domino_hf.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert "HEAVY []" in result.stdout, result.stdout + result.stderr
+    for command in SUBCOMMANDS:
+        assert command in result.stdout
+
+
+def test_only_the_requested_subcommand_is_imported():
+    assert requested_command(["--log-level", "debug", "train", "--data", "x"]) == "train"
+    assert requested_command(["--log-level=debug", "bench"]) == "bench"
+    assert requested_command(["--help"]) is None and requested_command(["nope"]) is None
+    script = (
+        "import sys\n"
+        "from domino_hf.cli import build_parser\n"
+        "build_parser('export')\n"
+        "print('LOADED', sorted(m for m in sys.modules if m.startswith('domino_hf.') and m.count('.') >= 2 "
+        "and not m.startswith('domino_hf.modeling')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    loaded = result.stdout.split("LOADED", 1)[1]
+    assert "domino_hf.training.export" in loaded and "regen" not in loaded and "domino_hf.bench" not in loaded
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_every_default_is_shown_in_help(command):
+    parser = _subparser(command)
+    formatter = parser._get_formatter()
+    missing = [
+        action.option_strings[0]
+        for action in parser._actions
+        if action.option_strings and action.help not in (None, argparse.SUPPRESS)
+        and action.default not in (None, argparse.SUPPRESS) and "default" not in formatter._expand_help(action)
+    ]
+    assert missing == []
+    assert "(default:" in parser.format_help()
+
+
+TRAIN_ALIASES = [
+    ("--model_name_or_path", "owner/model", "target", "owner/model"),
+    ("--train_file", "d.jsonl", "data", ["d.jsonl"]),
+    ("--output_dir", "run", "out", "run"),
+    ("--learning_rate", "1e-3", "lr", 1e-3),
+    ("--gradient_accumulation_steps", "4", "grad_accum", 4),
+    ("--num_train_epochs", "2", "epochs", 2.0),
+    ("--per_device_train_batch_size", "3", "batch_size", 3),
+    ("--max_steps", "7", "max_steps", 7),
+    ("--resume_from_checkpoint", "run/checkpoint-5", "resume", "run/checkpoint-5"),
+    ("--save_steps", "9", "save_steps", 9),
+    ("--report_to", "tensorboard", "report_to", "tensorboard"),
+]
+
+
+def _parse(argv):
+    return build_parser(argv[0]).parse_args(argv)
+
+
+def test_train_answers_to_trainer_names_and_keeps_its_own():
+    for flag, value, dest, expected in TRAIN_ALIASES:
+        required = {"data": ["--data", "d.jsonl"], "out": ["--out", "run"]}
+        required.pop(dest, None)  # the alias under test stands in for it
+        argv = ["train", *required.get("data", []), *required.get("out", []), flag, value]
+        assert getattr(_parse(argv), dest) == expected, flag
+    old = _parse(["train", "--target", "t", "--data", "d", "--out", "o", "--lr", "1e-3", "--grad-accum", "2",
+                  "--epochs", "5", "--batch-size", "2", "--resume"])
+    assert (old.target, old.out, old.lr, old.grad_accum, old.epochs, old.batch_size) == ("t", "o", 1e-3, 2, 5.0, 2)
+    assert old.resume is True  # the newest complete checkpoint in --out
+    assert _parse(["train", "--data", "d", "--out", "o", "--resume_from_checkpoint"]).resume is True
+    assert _parse(["train", "--data", "d", "--out", "o"]).resume is False
+
+
+def test_export_push_options_both_ways():
+    new = _parse(["export", "run", "--output_dir", "x", "--push_to_hub", "--hub_model_id", "me/d", "--hub_private_repo"])
+    assert (new.out, new.push_to_hub, new.hub_model_id, new.private) == ("x", True, "me/d", True)
+    old = _parse(["export", "run", "--out", "x", "--push-to-hub", "me/d"])
+    assert (old.push_repo, old.push_to_hub) == ("me/d", False)
+
+
+@pytest.mark.parametrize("command, required", [("regen", ["--out", "o"]), ("features", ["--data", "d", "--config", "c", "--out", "o"]),
+                                               ("train", ["--data", "d", "--out", "o"]), ("bench", [])])
+def test_target_options_everywhere(command, required):
+    args = _parse([command, *required, "--model_name_or_path", "me/t", "--trust_remote_code", "--revision", "v2",
+                   "--token", "hf_x"])
+    assert (args.target, args.trust_remote_code, args.revision, args.token) == ("me/t", True, "v2", "hf_x")
+    assert _parse([command, *required, "--trust-remote-code"]).trust_remote_code is True
+    assert _parse([command, *required]).target == "smollm2"
+
+
+@pytest.mark.parametrize("command", ["train", "features", "regen"])
+def test_target_options_reach_load_target(command, tmp_path, monkeypatch, caplog):
+    import domino_hf.targets
+    from domino_hf.training import regen
+
+    seen = []
+
+    def spy(name, dtype=None, device=None, **hub_options):
+        seen.append((name, hub_options))
+        raise OSError("no target in this test")
+
+    monkeypatch.setattr(domino_hf.targets, "load_target", spy)
+    monkeypatch.setattr(regen, "load_target", spy)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    required = {"train": ["--data", str(data)], "features": ["--data", str(data), "--config", str(data)],
+                "regen": ["--prompts", str(data)]}[command]
+    argv = [command, *required, "--output_dir" if command != "regen" else "--out", str(tmp_path / "o"),
+            "--target", "me/t", "--trust_remote_code", "--revision", "v2", "--token", "hf_x"]
+    assert main(argv) == 2 and "no target in this test" in caplog.text
+    assert seen == [("me/t", {"trust_remote_code": True, "revision": "v2", "token": "hf_x"})]
+
+
+@pytest.fixture
+def tiny_target_dir(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    return tmp_path / "target"
+
+
+@pytest.mark.parametrize("command", ["train", "features"])
+def test_data_with_no_usable_line_is_a_one_line_error(command, tiny_target_dir, tmp_path, caplog):
+    data = tmp_path / "bad.jsonl"
+    data.write_text("{broken\n" + json.dumps({"prompt": "no ids"}) + "\n[]\n")
+    extra = ["--config", str(data)] if command == "features" else []
+    argv = [command, "--target", str(tiny_target_dir), "--data", str(data), *extra, "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and "\n" not in errors[0].getMessage()
+    assert f"--data {data}: no usable training example (3 malformed line(s) skipped)" in errors[0].getMessage()
+    assert "Expected `domino regen` JSONL" in errors[0].getMessage()
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["train", "features", "regen", "bench"])
+def test_missing_local_target_is_a_clear_error(command, tmp_path, caplog, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    required = {"train": ["--data", str(data), "--out", "o"], "features": ["--data", str(data), "--config",
+                str(data), "--out", "o"], "regen": ["--prompts", str(data), "--out", "o"],
+                "bench": ["--methods", "autoregressive", "--out", "o"]}[command]
+    assert main([command, *required, "--target", "./runs/no-such-target"]) == 2
+    assert "target './runs/no-such-target': no such folder (relative to" in caplog.text
+    assert "Repo id must be in the form" not in caplog.text
+
+
+def _git(cwd, *args):
+    subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                   env={"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+                        "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
+
+
+def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, caplog):
+    from domino_hf.bench import cli as bench_cli
+
+    report = tmp_path / "docs" / "bench"
+    report.mkdir(parents=True)
+    (report / "bench.json").write_text("{}")
+    (report / "bench_T1.json").write_text("{}")  # present but not committed: may be replaced
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "docs/bench/bench.json")
+    _git(tmp_path, "commit", "-qm", "report")
+
+    def no_target(*args, **kwargs):
+        raise bench_cli.UsageError("target load reached")
+
+    monkeypatch.setattr(bench_cli, "load_target", no_target)
+    monkeypatch.chdir(tmp_path)
+    argv = ["bench", "--methods", "autoregressive", "--out", "docs/bench"]
+    assert main(argv) == 2
+    assert "--out docs/bench: bench.json is tracked by git (a committed report)" in caplog.text
+    assert "--overwrite_output_dir" in caplog.text and "target load reached" not in caplog.text
+    caplog.clear()
+    assert main(argv + ["--overwrite_output_dir"]) == 2 and "target load reached" in caplog.text
+    caplog.clear()
+    assert main(argv + ["--temperature", "1"]) == 2 and "target load reached" in caplog.text  # untracked stem
+    assert _parse(["bench"]).out == "runs/bench"  # the default never points at the committed docs/bench

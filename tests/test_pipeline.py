@@ -1,0 +1,47 @@
+"""🤗 pipelines take a Domino draft both ways, at construction and per call, and stay greedy-identical."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import assert_drafted, make_tiny_draft
+from transformers import pipeline
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+PROMPT = "w3 w7 w1 w9 w4"
+GREEDY = dict(max_new_tokens=16, do_sample=False, return_full_text=False)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    from conftest import make_tiny_llama, make_tiny_tokenizer
+
+    tokenizer = make_tiny_tokenizer()
+    target = make_tiny_llama(tokenizer)
+    draft = make_tiny_draft(target)
+    reference = pipeline("text-generation", model=target, tokenizer=tokenizer)(PROMPT, **GREEDY)
+    return target, tokenizer, draft, reference
+
+
+def test_draft_shares_the_target_token_ids(setup):
+    """What `load_assistant_model` compares to decide the two models share a tokenizer."""
+    target, _, draft, _ = setup
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        assert getattr(draft.config, key) == getattr(target.config, key) is not None
+
+
+def test_assistant_at_construction(setup):
+    target, tokenizer, draft, reference = setup
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)
+    assert pipe.assistant_model is draft and pipe.assistant_tokenizer is None
+    draft.last_generation_stats = None
+    assert pipe(PROMPT, **GREEDY) == reference
+    assert_drafted(draft.last_generation_stats)  # the draft really drafted
+
+
+def test_assistant_per_call(setup):
+    target, tokenizer, draft, reference = setup
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    draft.last_generation_stats = None
+    assert pipe(PROMPT, assistant_model=draft, **GREEDY) == reference
+    assert_drafted(draft.last_generation_stats)
