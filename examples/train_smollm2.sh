@@ -18,4 +18,4 @@ domino train --target smollm2 --data "$DATA" --features "$FEATURES" --config "$C
   --draft-vocab-size 8192 --out "$RUN" --max-steps "${STEPS:-5500}" --batch-size 8 --num-anchors 32 --lr 1e-3 \
   --save-steps "${SAVE_STEPS:-500}" --logging-steps 50 --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48 --resume
 # 3. Export the Hub folder (fp16 weights, remote code, model card).
-domino export "$RUN" --out drafts/smollm2-135m-instruct-domino --dtype float16
+domino export "$RUN" --out drafts/smollm2-135m-instruct-domino --dtype float16 --dataset anon8231489123/ShareGPT_Vicuna_unfiltered

