@@ -10,6 +10,7 @@ from conftest import make_tiny_llama, make_tiny_tokenizer
 from huggingface_hub import ModelCard
 
 from domino_hf import DominoDraftModel
+from domino_hf.modeling import REMOTE_CODE_FILES
 from domino_hf.targets import SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME
 from domino_hf.training.export import export_draft, model_card
 
@@ -133,8 +134,7 @@ def test_push_draft_uploads_the_domino_card(local_run, monkeypatch):
     draft = DominoDraftModel.from_pretrained(local_run / "draft")
     assert push_draft(draft, "me/api-draft", token="hf_x", base_model="me/tiny-target").endswith("/commit/0")
     assert uploaded["token"] == "hf_x" and uploaded["repo"] == "me/api-draft"
-    assert uploaded["files"] == ["README.md", "config.json", "configuration_domino.py", "generation_domino.py",
-                                 "model.safetensors", "modeling_domino.py"]
+    assert uploaded["files"] == sorted(["README.md", "config.json", "model.safetensors", *REMOTE_CODE_FILES])
     meta = _meta(uploaded["card"])
     assert "draft-model" in meta["tags"] and meta["base_model"] == "me/tiny-target"
     assert "# Domino draft for me/tiny-target" in uploaded["card"]
