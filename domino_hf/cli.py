@@ -20,7 +20,7 @@ SUBCOMMANDS = {
     "features": ("domino_hf.training.features", "Cache the target's context features of training data (resumable)."),
     "train": ("domino_hf.training.train", "Train a Domino draft for a target on regenerated data."),
     "export": ("domino_hf.training.export", "Turn a training run into a Hub-ready draft repo (and push it)."),
-    "bench": ("domino_hf.bench.cli", "Benchmark Domino against autoregressive, prompt lookup, assisted and DFlash decoding."),
+    "bench": ("domino_hf.bench.cli", "Benchmark Domino against plain, prompt-lookup, assisted and DFlash decoding."),
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
 

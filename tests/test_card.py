@@ -132,9 +132,11 @@ def test_push_draft_uploads_the_domino_card(local_run, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub, "HfApi", RecordingApi)
     draft = DominoDraftModel.from_pretrained(local_run / "draft")
-    assert push_draft(draft, "me/api-draft", token="hf_x", base_model="me/tiny-target").endswith("/commit/0")
+    url = push_draft(draft, "me/api-draft", token="hf_x", base_model="me/tiny-target", tags=["my-tag", "domino"])
+    assert url.endswith("/commit/0")
     assert uploaded["token"] == "hf_x" and uploaded["repo"] == "me/api-draft"
     assert uploaded["files"] == sorted(["README.md", "config.json", "model.safetensors", *REMOTE_CODE_FILES])
     meta = _meta(uploaded["card"])
     assert "draft-model" in meta["tags"] and meta["base_model"] == "me/tiny-target"
+    assert "my-tag" in meta["tags"] and meta["tags"].count("domino") == 1
     assert "# Domino draft for me/tiny-target" in uploaded["card"]

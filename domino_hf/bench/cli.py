@@ -226,8 +226,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     out = parser.add_argument_group("output")
-    out.add_argument("--out", "--output_dir", dest="out", metavar="DIR", default="runs/bench", help="output folder (default: %(default)s)")
-    out.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir", action="store_true",
+    out.add_argument("--out", "--output_dir", dest="out", metavar="DIR", default="runs/bench",
+                     help="output folder (default: %(default)s)")
+    out.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
+                     action="store_true",
                      help="allow replacing a report that git tracks (e.g. the committed docs/bench)")
     out.add_argument(
         "--name",

@@ -171,8 +171,9 @@ def load_training_data(paths, max_length, vocab_size, limit=None, exclude=None) 
     """`RegenDataset.from_jsonl`, refusing data with no usable example (a one-line error, not a traceback)."""
     dataset = RegenDataset.from_jsonl(paths, max_length=max_length, vocab_size=vocab_size, limit=limit, exclude=exclude)
     if len(dataset) == 0:
+        names = " ".join(map(str, paths if isinstance(paths, (list, tuple)) else [paths]))
         raise ValueError(
-            f"--data {' '.join(map(str, paths if isinstance(paths, (list, tuple)) else [paths]))}: no usable training example ({dataset.skipped} malformed line(s) "
-            "skipped). Expected `domino regen` JSONL: one object per line with prompt_ids and response_ids."
+            f"--data {names}: no usable training example ({dataset.skipped} malformed line(s) skipped). "
+            "Expected `domino regen` JSONL: one object per line with prompt_ids and response_ids."
         )
     return dataset

@@ -36,7 +36,7 @@ license: {license}
 - domino
 - dflash
 - domino-hf
----
+{extra_tags}---
 
 # Domino draft for {target_title}
 
@@ -185,8 +185,9 @@ def _training_section(folder: Path) -> str:
 
 def model_card(draft: DominoDraftModel, repo: str, source: Path | None = None, measured: str | None = None,
                notes: str | None = None, license: str = "apache-2.0", base_model: str | None = None,
-               datasets: list[str] | tuple[str, ...] = ()) -> str:
-    """The Domino model card (README.md) of `draft` published as `repo`; see `CARD_TEMPLATE`."""
+               datasets: list[str] | tuple[str, ...] = (), tags: list[str] | tuple[str, ...] = ()) -> str:
+    """The Domino model card (README.md) of `draft` published as `repo`; see `CARD_TEMPLATE`. `tags` are added
+    to the card's own."""
     config = draft.config
     base = hub_base_model(config, base_model)
     title, target, target_section = _target_section(config.target_name_or_path, base)
@@ -196,6 +197,7 @@ def model_card(draft: DominoDraftModel, repo: str, source: Path | None = None, m
         license=license,
         base_model=f"base_model: {base}\nbase_model_relation: adapter\n" if base else "",
         datasets="datasets:\n" + "".join(f"- {d}\n" for d in datasets) if datasets else "",
+        extra_tags="".join(f"- {t}\n" for t in tags if f"\n- {t}\n" not in CARD_TEMPLATE),
         target_title=title,
         target=target,
         target_section=target_section,
@@ -273,11 +275,12 @@ def export_draft(source, out, dtype="float16", repo_id=None, push=False, private
 
 def push_draft(draft: DominoDraftModel, repo_id: str, *, commit_message: str | None = None, private: bool | None = None,
                token: str | bool | None = None, revision: str | None = None, create_pr: bool = False,
-               **card_options) -> str:
+               max_shard_size: int | str = "50GB", **card_options) -> str:
     """`draft.push_to_hub(repo_id)` with the Domino model card (🤗's own `push_to_hub` uploads its generic card).
 
     Saves the Hub folder (weights, config, remote code, card; `card_options` as for `model_card`) in a temporary
-    folder and uploads it; returns the commit URL."""
+    folder and uploads it; returns the commit URL. Takes `PreTrainedModel.push_to_hub`'s keywords (its `tags`
+    go into the card), so `DominoDraftModel.push_to_hub` can hand its call over unchanged."""
     import tempfile
 
     from huggingface_hub import HfApi
@@ -285,7 +288,7 @@ def push_draft(draft: DominoDraftModel, repo_id: str, *, commit_message: str | N
     api = HfApi(token=token)
     repo_id = _created_repo_id(api.create_repo(repo_id, private=private, exist_ok=True), repo_id)
     with tempfile.TemporaryDirectory() as folder:
-        draft.save_pretrained(folder)
+        draft.save_pretrained(folder, max_shard_size=max_shard_size)
         (Path(folder) / "README.md").write_text(model_card(draft, repo_id, **card_options), encoding="utf-8")
         return api.upload_folder(folder_path=folder, repo_id=repo_id, revision=revision, create_pr=create_pr,
                                  commit_message=commit_message or "Upload Domino draft (domino-hf)")
