@@ -49,8 +49,8 @@ class DominoContextCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
-# Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length used
-# when neither `generate(prompt_lookup_num_tokens=…)` nor the draft's config (`context_lookup_tokens`) sets one.
+# Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length for
+# drafts saved before `DominoConfig.context_lookup_tokens` existed.
 DEFAULT_LOOKUP_TOKENS = 10
 DEFAULT_LOOKUP_NGRAM = 2
 _HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")

@@ -140,3 +140,16 @@ def test_push_draft_uploads_the_domino_card(local_run, monkeypatch):
     assert "draft-model" in meta["tags"] and meta["base_model"] == "me/tiny-target"
     assert "my-tag" in meta["tags"] and meta["tags"].count("domino") == 1
     assert "# Domino draft for me/tiny-target" in uploaded["card"]
+
+
+def test_model_push_to_hub_uploads_the_domino_card(monkeypatch):
+    """`DominoDraftModel.push_to_hub` hands over to `push_draft` (🤗's own would upload its generic card)."""
+    from conftest import make_tiny_draft, make_tiny_target
+
+    from domino_hf.training import export
+
+    calls = []
+    monkeypatch.setattr(export, "push_draft", lambda draft, repo_id, **kw: calls.append((draft, repo_id, kw)) or "url")
+    draft = make_tiny_draft(make_tiny_target("llama"))
+    assert draft.push_to_hub("me/draft", private=True) == "url"
+    assert calls == [(draft, "me/draft", {"private": True})]

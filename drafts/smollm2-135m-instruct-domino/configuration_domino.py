@@ -46,7 +46,12 @@ class DominoConfig(PretrainedConfig):
             The stop never looks at the token slot j would draw, so sampling stays exact.
         max_draft_tokens (`int` or `None`): cap on the tokens proposed per step (≤ `num_draft_tokens`); `None`
             proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
-            beat the full block. Lossless (fewer candidates).
+            beat the full block. Lossless (fewer candidates). Caps context-lookup spans too.
+        context_lookup_tokens (`int`): hybrid drafting. Each step the generator also looks the sequence's last
+            n-gram up in the prompt and the generated text (transformers' prompt lookup) and proposes the span
+            that followed it, up to this many tokens, instead of the Domino block when that span is expected to
+            get more tokens accepted (decided before any draw: exact). 0 = Domino blocks only. A per-call
+            `generate(prompt_lookup_num_tokens=…)` overrides it.
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for (named in the error raised when the draft does not fit a target).
         bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
@@ -86,6 +91,7 @@ class DominoConfig(PretrainedConfig):
         draft_vocab_ids=None,
         draft_confidence_threshold=0.0,
         max_draft_tokens=None,
+        context_lookup_tokens=10,
         target_model_type=None,
         target_name_or_path=None,
         bos_token_id=None,
@@ -138,6 +144,7 @@ class DominoConfig(PretrainedConfig):
         self.draft_vocab_ids = sorted(int(i) for i in draft_vocab_ids) if draft_vocab_ids is not None else None
         self.draft_confidence_threshold = float(draft_confidence_threshold)
         self.max_draft_tokens = max_draft_tokens
+        self.context_lookup_tokens = context_lookup_tokens
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         self.bos_token_id = bos_token_id
@@ -276,6 +283,7 @@ _FIELD_RULES = {
     "draft_confidence_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "a probability in [0, 1] "
                                    "(0 = always draft the whole block)"),
     "max_draft_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "None (no cap) or an integer >= 1"),
+    "context_lookup_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no context lookup)"),
     "bos_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "pad_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "eos_token_id": (lambda v: v is None or _is_token_id(v) or _is_id_list(v), "None, a token id >= 0 or a list "

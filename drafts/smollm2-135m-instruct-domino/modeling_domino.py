@@ -263,6 +263,15 @@ class DominoDraftModel(DominoPreTrainedModel):
             stopping_criteria=stopping_criteria,
         )
 
+    def push_to_hub(self, repo_id, *args, **kwargs):
+        """Uploads with the Domino model card (domino-hf's `push_draft`) instead of 🤗's generic one."""
+        try:
+            from domino_hf.training.export import push_draft
+        except ImportError:  # remote code without domino-hf installed: the generic card, tagged as a draft
+            kwargs["tags"] = [*(kwargs.get("tags") or []), "speculative-decoding", "draft-model", "domino"]
+            return super().push_to_hub(repo_id, *args, **kwargs)
+        return push_draft(self, repo_id, **kwargs)
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Saves weights and config, and copies the remote-code files so the folder is a Hub-ready repo."""
         import os
