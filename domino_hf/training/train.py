@@ -25,6 +25,8 @@ from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining, last_compl
 
 logger = logging.getLogger(__name__)
 
+BIG_VOCAB = 65536  # above this, training on the full vocabulary is mostly vocabulary work: suggest a sub-vocabulary
+
 
 @dataclass
 class TrainSettings:
@@ -177,7 +179,15 @@ def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
         ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
         logger.info("Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage)
         overrides["draft_vocab_ids"] = ids
-    return build_config(target, tokenizer, args.config, **overrides)
+    config = build_config(target, tokenizer, args.config, **overrides)
+    if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
+        ids, coverage = build_draft_vocab(dataset, BIG_VOCAB // 2)
+        logger.warning(
+            "The draft predicts over all %d tokens of the vocabulary: its LM-head rows, head correction and cross "
+            "entropy then take most of each training step (docs/training.md). --draft-vocab-size %d would cover "
+            "%.2f%% of this data's response tokens.", config.vocab_size, BIG_VOCAB // 2, 100 * coverage,
+        )
+    return config
 
 
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
