@@ -39,22 +39,15 @@ def make_tokenizer(chat_template: bool = True) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=CHAT_TEMPLATE if chat_template else None, **roles)
 
 
+def shape(tokenizer, init_std: float) -> dict:
+    """The config fields both tiny targets share: 4 layers, 64 wide, the tokenizer's special ids."""
+    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                head_dim=16, max_position_embeddings=1024, initializer_range=init_std, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+
+
 def make_model(tokenizer, seed: int = 0, init_std: float = 0.15) -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=1024,
-        initializer_range=init_std,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=False,
-    )
+    config = LlamaConfig(vocab_size=len(tokenizer), tie_word_embeddings=False, **shape(tokenizer, init_std))
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).eval()
 
@@ -64,21 +57,8 @@ def make_gemma3(tokenizer, seed: int = 0, init_std: float = 0.15, vocab_size: in
     """A Gemma-3-style base model: 4 layers (3 sliding-window of 8 tokens, 1 full), `vocab_size` rows, and one
     residual channel scaled to `massive` by layer 0's post-feed-forward norm (hidden states beyond fp16)."""
     config = Gemma3TextConfig(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        query_pre_attn_scalar=16,
-        sliding_window=8,
+        vocab_size=vocab_size, query_pre_attn_scalar=16, sliding_window=8, **shape(tokenizer, init_std),
         layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
-        max_position_embeddings=1024,
-        initializer_range=init_std,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(seed)
     model = Gemma3ForCausalLM(config).eval()
