@@ -126,3 +126,17 @@ def test_features_without_config_write_the_derived_config_that_train_uses(target
     trained = json.loads((tmp_path / "run" / "final" / "config.json").read_text())
     assert {k: trained[k] for k in ("block_size", "draft_vocab_ids", "target_layer_ids")} == {
         k: config[k] for k in ("block_size", "draft_vocab_ids", "target_layer_ids")}
+
+
+def test_resuming_with_another_store_names_the_stored_one(target, tmp_path):
+    dataset = _dataset(tmp_path / "data.jsonl", target)
+    extract_features(target, dataset, [0, 2], tmp_path / "f", store="float16-scaled")
+    with pytest.raises(ValueError, match="stored as float16-scaled, not bfloat16: pass --store float16-scaled"):
+        extract_features(target, dataset, [0, 2], tmp_path / "f")
+    store = FeatureStore(tmp_path / "f")  # and the scaled shards read back close to fp32
+    length = len(dataset.examples[0].prompt_ids) + len(dataset.examples[0].response_ids)
+    with torch.no_grad():
+        out = target.model(torch.tensor([dataset.examples[0].prompt_ids + dataset.examples[0].response_ids]),
+                           output_hidden_states=[1, 3])
+    reference = torch.cat([out.hidden_states[1], out.hidden_states[3]], dim=-1)[0]
+    assert torch.allclose(store.get(0, length), reference, rtol=1e-3, atol=1e-3)

@@ -89,6 +89,9 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     meta_path = out / META
     if meta_path.exists():
         previous = json.loads(meta_path.read_text())
+        if {**previous, "dtype": store} == meta and previous.get("dtype") != store:
+            raise ValueError(f"{out} holds features stored as {previous.get('dtype')}, not {store}: pass --store "
+                             f"{previous.get('dtype')} to resume, or use a new folder.")
         if previous != meta:
             raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
     else:
