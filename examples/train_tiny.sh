@@ -4,6 +4,10 @@
 #   → domino export → greedy generate with and without the draft (identical ids), τ and the final losses.
 # It is also the smoke test of the `domino` CLI (tests/test_examples.py runs it).
 #   bash examples/train_tiny.sh [OUT]   (default runs/tiny, relative to the current directory)
+#   TINY_TARGET=--gemma3 DRAFT_ARGS="--draft-vocab-size 128" EXPORT_ARGS="--dtype bfloat16" \
+#     bash examples/train_tiny.sh runs/tiny-gemma3
+#     the hard case: a Gemma-3-style base model (262k vocabulary, sliding window, no chat template) whose hidden
+#     states exceed float16's range (so the draft is exported in bfloat16: a float16 draft cannot read them).
 # Rerunning starts over: the script's own outputs under OUT are removed first.
 set -euo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -13,13 +17,16 @@ OUT="$(cd "$OUT" && pwd)"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # tiny models: more threads only contend
 export TOKENIZERS_PARALLELISM=false
 STEPS="${STEPS:-40}"
+read -r -a TINY_TARGET <<< "${TINY_TARGET:-}"  # options of make_tiny_target.py
+read -r -a DRAFT_ARGS <<< "${DRAFT_ARGS:-}"    # extra draft sizing options for features and train
+read -r -a EXPORT_ARGS <<< "${EXPORT_ARGS:-}"  # extra options of domino export
 START=$SECONDS
 step() { echo "== [$((SECONDS - START))s] $*"; }
 
 rm -rf "$OUT"/{target,prompts.jsonl,data.jsonl,run,features,run_features,draft}
 
-step "tiny random target (char-level chat tokenizer, 4-layer Llama) -> $OUT/target"
-python "$HERE/make_tiny_target.py" "$OUT/target"
+step "tiny random target (char-level tokenizer, 4 layers) ${TINY_TARGET[*]} -> $OUT/target"
+python "$HERE/make_tiny_target.py" "$OUT/target" "${TINY_TARGET[@]}"
 
 step "40 prompts -> $OUT/prompts.jsonl"
 python - "$OUT/prompts.jsonl" <<'EOF'
@@ -33,9 +40,9 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"id": f"p{i}", "prompt": rng.choice(asks).format(rng.choice(subjects))}) + "\n")
 EOF
 
-# Training arguments shared by both runs: a 1-layer draft, block 4, a few dozen fast steps.
-TRAIN=(--target "$OUT/target" --data "$OUT/data.jsonl" --num-layers 1 --block-size 4 --max-steps "$STEPS"
-       --lr 3e-3 --logging-steps 10 --save-steps 1000)
+# The draft (1 layer, block 4) and the training arguments shared by both runs: a few dozen fast steps.
+SIZE=(--target "$OUT/target" --data "$OUT/data.jsonl" --num-layers 1 --block-size 4 "${DRAFT_ARGS[@]}")
+TRAIN=("${SIZE[@]}" --max-steps "$STEPS" --lr 3e-3 --logging-steps 10 --save-steps 1000)
 
 step "domino regen: the target answers the prompts (greedy, 32 tokens)"
 domino regen --target "$OUT/target" --prompts "$OUT/prompts.jsonl" --out "$OUT/data.jsonl" --max-new-tokens 32
@@ -44,13 +51,13 @@ step "domino train ($STEPS steps, target forward every step)"
 domino train "${TRAIN[@]}" --out "$OUT/run"
 
 # The same run again from cached context features (no target forward while training): the losses must match.
+# `features` derives the draft config from the same sizing options and writes it beside the shards.
 step "domino features + domino train --features"
-domino features --target "$OUT/target" --data "$OUT/data.jsonl" --config "$OUT/run/final/config.json" \
-  --out "$OUT/features"
+domino features "${SIZE[@]}" --out "$OUT/features"
 domino train "${TRAIN[@]}" --features "$OUT/features" --out "$OUT/run_features"
 
 step "domino export -> $OUT/draft"
-domino export "$OUT/run" --out "$OUT/draft"
+domino export "$OUT/run" --out "$OUT/draft" "${EXPORT_ARGS[@]}"
 
 step "generate with and without the draft; final losses"
 python - "$OUT" <<'EOF'
@@ -59,6 +66,8 @@ from pathlib import Path
 
 import torch
 from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+from domino_hf.data import chat_input_ids
 
 out = Path(sys.argv[1])
 target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
@@ -70,8 +79,7 @@ seen = [json.loads(line)["prompt"] for line in (out / "data.jsonl").open()][:4]
 unseen = ["What is a kite made of?", "Write a line about bread and rain."]
 accepted = steps = 0
 for prompt in seen + unseen:
-    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
+    ids = torch.tensor([chat_input_ids(tokenizer, [prompt])])  # the chat template, or plain text (base model)
     with torch.no_grad():
         reference = target.generate(ids, max_new_tokens=32, do_sample=False)
         output = target.generate(ids, max_new_tokens=32, do_sample=False, assistant_model=draft)
@@ -80,8 +88,10 @@ for prompt in seen + unseen:
     accepted, steps = accepted + sum(stats.accepted), steps + stats.num_steps
     print(f"  {'seen  ' if prompt in seen else 'unseen'} tau {stats.tau:.2f}  {prompt!r} -> "
           f"{tokenizer.decode(output[0, ids.shape[1]:], skip_special_tokens=True)!r}")
+tau = (accepted + steps) / max(steps, 1)
 print(f"greedy outputs identical with and without the draft on {len(seen + unseen)} prompts; "
-      f"tau {(accepted + steps) / max(steps, 1):.2f} tokens per target forward")
+      f"tau {tau:.2f} tokens per target forward")
+assert tau > 1.05, "the draft got (almost) nothing accepted: its proposals do not follow the target"
 
 def logged_losses(run):
     """The first and the last logged training metrics of `run`."""

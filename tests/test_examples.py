@@ -2,20 +2,47 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_train_tiny_runs_the_whole_pipeline(tmp_path):
+def run_train_tiny(out: Path, **env_vars: str) -> subprocess.CompletedProcess:
+    """`examples/train_tiny.sh OUT` with extra environment (TINY_TARGET, DRAFT_ARGS, EXPORT_ARGS); must succeed."""
     # The CLI and `python` of this interpreter's environment, even when it is not activated.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    result = subprocess.run(["bash", str(REPO / "examples" / "train_tiny.sh"), str(tmp_path / "out")],
-                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           **env_vars}
+    result = subprocess.run(["bash", str(REPO / "examples" / "train_tiny.sh"), str(out)],
+                            capture_output=True, text=True, env=env, cwd=out.parent, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "greedy outputs identical with and without the draft" in result.stdout
     assert "final losses:" in result.stdout and "training from cached features matches" in result.stdout
-    assert (tmp_path / "out" / "draft" / "model.safetensors").exists()
+    assert (out / "draft" / "model.safetensors").exists()
+    return result
+
+
+def test_train_tiny_runs_the_whole_pipeline(tmp_path):
+    run_train_tiny(tmp_path / "out")
+
+
+def test_train_tiny_on_a_gemma3_style_base_model_whose_features_overflow_float16(tmp_path):
+    """regen → features → train → export → lossless generate for a base model (no chat template) with a 262k
+    vocabulary, sliding-window layers and hidden states beyond 65504: the features stay finite, training is not NaN,
+    and the exported draft is lossless and gets tokens accepted."""
+    from domino_hf.training.features import FeatureStore
+
+    out = tmp_path / "out"
+    result = run_train_tiny(out, TINY_TARGET="--gemma3", DRAFT_ARGS="--draft-vocab-size 128",
+                            EXPORT_ARGS="--dtype bfloat16")
+    assert "has no chat template: prompts are plain text" in result.stderr  # the base-model fallback is said
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    store = FeatureStore(out / "features")
+    features = torch.cat([store.get(i, len(r["prompt_ids"]) + len(r["response_ids"])) for i, r in enumerate(rows)])
+    assert features.abs().max() > 65504 and torch.isfinite(features).all()  # beyond fp16, stored finite (bf16)
+    assert "nan" not in (out / "run_features" / "final" / "training_summary.json").read_text().lower()

@@ -141,3 +141,20 @@ def test_cli_bad_source_is_a_clean_error(tmp_path, caplog):
     args = parser.parse_args(["regen", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])
     assert args.func(args) == 2
     assert "neither a file nor" in caplog.text
+
+
+def test_stop_strings_end_answers_and_count_as_finished(tiny_llama, tmp_path):
+    model, tokenizer = tiny_llama
+    prompts = _prompts(4)
+    regenerate(model, tokenizer, prompts, tmp_path / "a.jsonl", max_new_tokens=8)
+    rows = _rows(tmp_path / "a.jsonl")
+    stop = tokenizer.decode(rows[0]["response_ids"][2:4])  # text the first answer reaches by its 4th token
+    regenerate(model, tokenizer, prompts, tmp_path / "b.jsonl", max_new_tokens=8, stop=[stop])
+    for full, cut in zip(rows, _rows(tmp_path / "b.jsonl")):
+        ids = full["response_ids"]
+        end = next((k for k in range(1, len(ids) + 1) if stop in tokenizer.decode(ids[:k])), None)
+        if end is None:  # the stop text never comes: the answer is unchanged
+            assert cut["response_ids"] == ids and cut["finished"] == full["finished"]
+        else:  # cut right after the token that completes the stop text
+            assert cut["response_ids"] == ids[:end] and cut["finished"]
+    assert len(_rows(tmp_path / "b.jsonl")[0]["response_ids"]) <= 4

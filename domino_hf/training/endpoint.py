@@ -359,6 +359,7 @@ def regenerate_via_endpoint(
     max_prompt_tokens: int = 256,
     limit: int | None = None,
     system: str | None = None,
+    chat_template: str = "auto",
 ) -> dict[str, Any]:
     """Like `regen.regenerate`, with the answers coming from `engine`'s server, `concurrency` at a time.
 
@@ -370,7 +371,7 @@ def regenerate_via_endpoint(
         raise ValueError("concurrency must be positive")
     out_path = Path(out_path)
     tokenizer = engine.tokenizer
-    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system)
+    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template)
     counts["token_mismatches"] += 0
     start = time.perf_counter()
     queue = iter(todo)
@@ -458,6 +459,9 @@ def run_endpoint(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.max_new_tokens < 1:
         logger.error("--concurrency and --max-new-tokens must be positive")
         return 2
+    if getattr(args, "stop", None):
+        logger.error("--stop is not supported with --endpoint: regenerate without it, or without --endpoint")
+        return 2
     try:
         prompts = read_prompts(args.prompts, limit=args.limit)
         tokenizer, generation_config = load_target_tokenizer(args.target)
@@ -466,7 +470,8 @@ def run_endpoint(args: argparse.Namespace) -> int:
         engine = EndpointRegen(client, tokenizer, generation_config, model=args.model,
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
         regenerate_via_endpoint(engine, prompts, args.out, concurrency=args.concurrency,
-                                max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system)
+                                max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system,
+                                chat_template=getattr(args, "chat_template", "auto"))
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # EndpointError is a RuntimeError
         logger.error("%s", err)
         return 2

@@ -2,9 +2,16 @@
 
 On a CPU the frozen target's forward costs far more than the draft's training step, and every epoch would
 pay it again. `domino features` runs the target once over the training data and stores, per example, the
-concatenated hidden states (L, n_layers·H) in half precision, in shards written atomically (temp file +
-rename): a killed extraction resumes at the first missing shard and loses at most one shard of work.
-Training with `--features DIR` then needs no target forward at all.
+concatenated hidden states (L, n_layers·H) in 16 bits, in shards written atomically (temp file + rename): a
+killed extraction resumes at the first missing shard and loses at most one shard of work. Training with
+`--features DIR` then needs no target forward at all. The draft config the features were extracted for is
+written beside the shards (`draft_config.json`), and `domino train --features DIR` uses it.
+
+Storage (`--store`, measured in docs/training.md): hidden states of some targets (Gemma 3) reach 1e5, beyond
+fp16's 65504, so plain fp16 is no default. `bfloat16` (default) has fp32's range; `float16-scaled` keeps fp16's
+three extra mantissa bits and stores a power-of-two scale per layer and example so nothing overflows;
+`float32` is exact at twice the disk. Non-finite values are never written: extraction fails naming the
+example and the layer.
 """
 
 from __future__ import annotations
@@ -26,22 +33,72 @@ from .regen import DTYPES
 logger = logging.getLogger(__name__)
 
 META = "features.json"
+CONFIG = "draft_config.json"
+STORES = ("bfloat16", "float16-scaled", "float32")
+_FP16_TOP = 2.0**14  # float16-scaled: each layer's largest |value| is scaled into [2^13, 2^14], far below 65504
+
+
+class NonFiniteFeatures(ValueError):
+    """Context features holding inf/NaN: never written, never trained on."""
+
+
+def encode(features: torch.Tensor, num_layers: int, store: str) -> dict[str, torch.Tensor]:
+    """(L, n·H) fp32 features -> the tensors stored for one example (`f`, and `s` = per-layer scales)."""
+    if store == "bfloat16":
+        return {"f": features.to(torch.bfloat16)}
+    if store == "float32":
+        return {"f": features.float()}
+    length = features.shape[0]
+    layers = features.float().view(length, num_layers, -1)  # (L, n, H)
+    amax = layers.abs().amax(dim=(0, 2)).clamp_min(1e-30)  # (n,)
+    scale = torch.exp2(torch.ceil(torch.log2(amax / _FP16_TOP))).clamp_min(1.0)  # powers of two: exact rescale
+    return {"f": (layers / scale[None, :, None]).to(torch.float16).view(length, -1), "s": scale}
+
+
+def decode(stored: dict[str, torch.Tensor], num_layers: int) -> torch.Tensor:
+    """Inverse of `encode`: (L, n·H) features (fp32 when scaled, else as stored)."""
+    features = stored["f"]
+    if "s" not in stored:
+        return features
+    length = features.shape[0]
+    return (features.float().view(length, num_layers, -1) * stored["s"][None, :, None]).view(length, -1)
+
+
+def check_finite(features: torch.Tensor, layer_ids, where: str, fix: str) -> None:
+    """Raise `NonFiniteFeatures` naming the first layer of (…, n·H) `features` that holds inf/NaN, and `fix`."""
+    finite = torch.isfinite(features.float().reshape(-1, len(layer_ids), features.shape[-1] // len(layer_ids)))
+    if not bool(finite.all()):
+        bad = [layer for layer, ok in zip(layer_ids, finite.all(dim=2).all(dim=0).tolist()) if not ok]
+        raise NonFiniteFeatures(
+            f"{where}: the context features of target layer {bad[0]} hold inf/NaN ({int((~finite).sum())} values; "
+            f"layers {bad}): {fix}"
+        )
 
 
 @torch.no_grad()
-def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, batch_size: int = 8, dtype=torch.float16):
-    """Write the context features of every example of `dataset` under `out_dir` (resumable)."""
+def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, batch_size: int = 8,
+                     store: str = "bfloat16", draft_config=None):
+    """Write the context features of every example of `dataset` under `out_dir` (resumable), stored as `store`
+    (one of `STORES`), and `draft_config` (a `DominoConfig`, optional) beside them. Raises `NonFiniteFeatures`
+    before writing a shard that would hold inf/NaN."""
+    if store not in STORES:
+        raise ValueError(f"unknown feature storage {store!r}: choose one of {', '.join(STORES)}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
-            "shard_size": shard_size, "dtype": str(dtype).replace("torch.", "")}
+            "shard_size": shard_size, "dtype": store}
     meta_path = out / META
     if meta_path.exists():
         previous = json.loads(meta_path.read_text())
+        if {**previous, "dtype": store} == meta and previous.get("dtype") != store:
+            raise ValueError(f"{out} holds features stored as {previous.get('dtype')}, not {store}: pass --store "
+                             f"{previous.get('dtype')} to resume, or use a new folder.")
         if previous != meta:
             raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
     else:
         meta_path.write_text(json.dumps(meta, indent=1))
+    if draft_config is not None:
+        draft_config.to_json_file(out / CONFIG)
     hidden_ids = [i + 1 for i in layer_ids]
     starts = [s for s in range(0, len(dataset), shard_size) if not (out / f"shard-{s:07d}.safetensors").exists()]
     tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples)
@@ -63,9 +120,12 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
                 mask[row, : len(seq)] = 1
             outputs = target.base_model(input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
                                         output_hidden_states=hidden_ids)
-            features = torch.cat([outputs.hidden_states[i] for i in hidden_ids], dim=-1).to(dtype).cpu()
+            features = torch.cat([outputs.hidden_states[i] for i in hidden_ids], dim=-1).float().cpu()  # (b, L, n·H)
             for row, (index, seq) in enumerate(zip(batch, seqs)):
-                tensors[f"f{index}"] = features[row, : len(seq)].contiguous()
+                check_finite(features[row, : len(seq)], layer_ids, f"example {index} of {dataset.source}",
+                             "the target overflows in this --dtype; extract with --dtype float32.")
+                for key, tensor in encode(features[row, : len(seq)], len(layer_ids), store).items():
+                    tensors[f"{key}{index}"] = tensor.contiguous()
                 bar.update(len(seq))
         tmp = out / f".shard-{start:07d}.tmp"
         save_file(tensors, str(tmp))
@@ -89,7 +149,7 @@ class FeatureStore:
                 f"features in {directory} are of target layers {self.meta['target_layer_ids']}, but the draft reads "
                 f"{list(layer_ids)}: extract them again with the draft's config."
             )
-        self._handles = {}
+        self._handles = {}  # shard start -> (safe_open handle, its tensor names)
 
     def _shard(self, start: int) -> Path:
         return self.directory / f"shard-{start:07d}.safetensors"
@@ -106,8 +166,13 @@ class FeatureStore:
         if start not in self._handles:
             if not self._shard(start).exists():
                 raise ValueError(f"no features for example {index} in {self.directory}: run `domino features` to finish.")
-            self._handles[start] = safe_open(str(self._shard(start)), framework="pt")
-        features = self._handles[start].get_tensor(f"f{index}")
+            handle = safe_open(str(self._shard(start)), framework="pt")
+            self._handles[start] = handle, set(handle.keys())
+        handle, names = self._handles[start]
+        stored = {key: handle.get_tensor(f"{key}{index}") for key in ("f", "s") if f"{key}{index}" in names}
+        features = decode(stored, len(self.meta["target_layer_ids"]))
+        check_finite(features, self.meta["target_layer_ids"], f"example {index} in {self.directory}",
+                     "plain float16 features (older domino-hf) overflowed; extract them again (bfloat16 by default).")
         if features.shape[0] != length:
             raise ValueError(
                 f"features of example {index} in {self.directory} cover {features.shape[0]} tokens, the data has "
@@ -117,24 +182,31 @@ class FeatureStore:
 
 
 def register(subparsers) -> None:
+    from .train import add_draft_arguments
+
     parser = subparsers.add_parser(
         "features",
         help="Cache the target's context features of training data on disk (resumable).",
         description="Run the frozen target once over `domino regen` data and store the hidden states of the "
-        "draft's target_layer_ids in half precision, so `domino train --features DIR` needs no target forward.",
+        "draft's target_layer_ids, so `domino train --features DIR` needs no target forward. The draft config "
+        "(from --config, else derived from the target and the sizing options, as `domino train` does) is written "
+        f"beside the shards as {CONFIG}; `domino train --features DIR` uses it.",
         formatter_class=HelpFormatter,
     )
     add_target_arguments(parser)
     parser.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    parser.add_argument("--config", "--config_name", dest="config", required=True, help="Draft config JSON whose target_layer_ids to store.")
-    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Feature folder (shards + features.json).")
+    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Feature folder (shards, features.json, draft_config.json).")
     parser.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Same truncation as `domino train`.")
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples (default: all).")
     parser.add_argument("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8, help="Sequences per target forward.")
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
+    parser.add_argument("--store", default="bfloat16", choices=STORES,
+                        help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
+                        "power-of-two scale per layer and example), float32 (exact, 4 bytes) (default: %(default)s).")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
-                        help="Dtype of the target's forward (features are stored in float16 either way); bfloat16 "
-                        "is several times faster on CPUs with native bf16.")
+                        help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
+                        "bf16 (default: %(default)s).")
+    add_draft_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -142,16 +214,22 @@ def run(args) -> int:
     from ..targets import load_target
     from ..utils import require_paths
     from .dataset import load_training_data
+    from .train import config_from_args
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, _ = load_target(args.target, dtype=DTYPES[args.dtype], **target_kwargs(args))
+        target, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
         dataset = load_training_data(args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks())
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
         logger.error("%s", err)
         return 2
-    with open(args.config, encoding="utf-8") as handle:
-        layer_ids = json.load(handle)["target_layer_ids"]
-    extract_features(target, dataset, layer_ids, args.out, shard_size=args.shard_size, batch_size=args.batch_size)
+    config = config_from_args(args, target, tokenizer, dataset)
+    try:
+        extract_features(target, dataset, config.target_layer_ids, args.out, shard_size=args.shard_size,
+                         batch_size=args.batch_size, store=args.store, draft_config=config)
+    except (NonFiniteFeatures, ValueError) as err:
+        logger.error("%s", err)
+        return 2
+    logger.info("Draft config for these features: %s", Path(args.out) / CONFIG)
     return 0

@@ -18,10 +18,13 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
-from ..data import PromptRecord, PromptSet, chat_input_ids, read_prompts
+from ..data import (PromptRecord, PromptSet, add_chat_template_argument, chat_input_ids, read_prompts,
+                    resolve_chat_template)
 from ..targets import load_target
+from ..utils import require_paths
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +79,28 @@ def _special_ids(generation_config: Any, tokenizer: Any) -> tuple[int, list[int]
     return (eos_ids[0] if pad is None else pad), eos_ids
 
 
+class StopTexts(StoppingCriteria):
+    """Ends a row once its answer (tokens past `width`) ends with one of `stops`; works with any tokenizer
+    that decodes (transformers' `stop_strings` needs one whose vocabulary it can map to bytes)."""
+
+    def __init__(self, tokenizer: Any, stops: list[str], width: int):
+        self.tokenizer, self.stops, self.width = tokenizer, list(stops), width
+        self.tail = max(len(stop) for stop in self.stops) + 1  # tokens: each decodes to at least one character
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        start = max(self.width, input_ids.shape[1] - self.tail)
+        texts = self.tokenizer.batch_decode(input_ids[:, start:])
+        return torch.tensor([any(stop in text for stop in self.stops) for text in texts], device=input_ids.device)
+
+
 def generate_batch(
-    model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: list[int], **generate_kwargs: Any
+    model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: list[int], stop: list[str] | None = None,
+    tokenizer: Any = None, **generate_kwargs: Any
 ) -> list[tuple[list[int], bool]]:
     """Generate for several prompts at once (left padding); `(response ids, finished)` per prompt.
 
-    A finished response ends with its EOS token; an unfinished one stopped at `max_new_tokens`.
+    A finished response ends with its EOS token or with the token that completes one of the `stop` texts
+    (decoded by `tokenizer`); an unfinished one stopped at `max_new_tokens`.
     """
     width = max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
@@ -89,6 +108,8 @@ def generate_batch(
     for row, ids in enumerate(prompt_ids):
         input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, width - len(ids):] = 1
+    if stop:
+        generate_kwargs["stopping_criteria"] = StoppingCriteriaList([StopTexts(tokenizer, stop, width)])
     output = model.generate(
         input_ids=input_ids.to(model.device),
         attention_mask=attention_mask.to(model.device),
@@ -100,8 +121,25 @@ def generate_batch(
     eos_set = set(eos_ids)
     for row in output[:, width:].tolist():
         end = next((i for i, token in enumerate(row) if token in eos_set), None)
+        if end is None and stop:
+            end = _stop_end(tokenizer, row, stop)
         results.append((row, False) if end is None else (row[: end + 1], True))
     return results
+
+
+def _stop_end(tokenizer: Any, ids: list[int], stops: list[str]) -> int | None:
+    """Index of the token that completes the first stop string in `ids`, or None (bisection over prefixes)."""
+    def stopped(n: int) -> bool:
+        text = tokenizer.decode(ids[:n])
+        return any(stop in text for stop in stops)
+
+    if not stopped(len(ids)):
+        return None
+    low, high = 1, len(ids)  # the shortest stopped prefix has length in [low, high]
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (low, middle) if stopped(middle) else (middle + 1, high)
+    return low - 1
 
 
 def _sampling_kwargs(temperature: float) -> dict[str, Any]:
@@ -130,21 +168,25 @@ def regenerate(
     limit: int | None = None,
     system: str | None = None,
     seed: int | None = None,
+    chat_template: str = "auto",
+    stop: list[str] | None = None,
 ) -> dict[str, Any]:
     """Answer the first user turn of each prompt with the target and append the results to `out_path`.
 
     Greedy unless `temperature > 0`. `limit` caps how many records of `prompts` are considered (so a rerun
     with the same limit resumes rather than extends). Ids already in `out_path` are skipped; prompts over
-    `max_prompt_tokens` chat-templated tokens are skipped and counted. Returns the run's counts.
+    `max_prompt_tokens` chat-templated tokens are skipped and counted. `chat_template` formats the prompts (see
+    `domino_hf.data.chat_input_ids`); an answer also ends (finished) at the first of the `stop` strings.
+    Returns the run's counts.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size and max_new_tokens must be positive")
     out_path = Path(out_path)
-    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system)
+    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template)
     if seed is not None:
         torch.manual_seed(seed)
     pad_id, eos_ids = _special_ids(model.generation_config, tokenizer)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature)}
+    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer, **_sampling_kwargs(temperature)}
     model.eval()
     start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="prompt", desc="regen") as bar:
@@ -158,12 +200,17 @@ def regenerate(
             bar.update(len(rows))
             bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
 
-    return summarize(counts, time.perf_counter() - start, out_path)
+    summary = summarize(counts, time.perf_counter() - start, out_path)
+    if summary["written"] and summary["finished"] < summary["written"] / 2:
+        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s", summary["written"] - summary["finished"],
+                       summary["written"], "" if stop or resolve_chat_template(tokenizer, chat_template) else
+                       " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
+    return summary
 
 
 def pending_prompts(
     tokenizer: Any, prompts: PromptSet, out_path: Path, max_prompt_tokens: int, limit: int | None,
-    system: str | None,
+    system: str | None, chat_template: str = "auto",
 ) -> tuple[list[tuple[PromptRecord, list[int]]], Counter[str]]:
     """The prompts still to answer, with their chat-templated ids, and the skip counts so far.
 
@@ -178,7 +225,7 @@ def pending_prompts(
         if record.id in seen:
             counts["skipped_existing"] += 1
             continue
-        ids = chat_input_ids(tokenizer, [record.turns[0]], system=system)
+        ids = chat_input_ids(tokenizer, [record.turns[0]], system=system, chat_template=chat_template)
         if len(ids) > max_prompt_tokens:
             counts["skipped_too_long"] += 1
             continue
@@ -253,6 +300,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Use only the first N prompts of the source; a rerun with the same N resumes (default: all).")
     add("--system", default=None, metavar="TEXT",
         help="System prompt (default: none, so the chat template's own default applies).")
+    add_chat_template_argument(parser)
+    add("--stop", action="append", default=None, metavar="TEXT",
+        help="End an answer at this text too (repeatable), e.g. --stop $'\\n\\n' for one paragraph of a base model "
+        "(default: EOS only).")
     add("--dtype", default="float32", choices=sorted(DTYPES),
         help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU "
         "(default: %(default)s).")
@@ -277,6 +328,8 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
+        if args.chat_template not in ("auto", "none"):
+            require_paths(chat_template=args.chat_template)
         model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], device=device, **target_kwargs(args))
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
@@ -285,5 +338,6 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, prompts, args.out,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
         temperature=args.temperature, limit=args.limit, system=args.system, seed=args.seed,
+        chat_template=args.chat_template, stop=args.stop,
     )
     return 0

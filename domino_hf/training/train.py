@@ -16,14 +16,18 @@ import torch
 from transformers import TrainingArguments
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
+from .features import CONFIG, FeatureStore, NonFiniteFeatures
 from .objective import DominoObjective
-from .trainer import DominoTrainer, EpochCallback, last_complete_checkpoint
+from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining, last_complete_checkpoint
 
 logger = logging.getLogger(__name__)
+
+BIG_VOCAB = 65536  # above this, training on the full vocabulary is mostly vocabulary work: suggest a sub-vocabulary
 
 
 @dataclass
@@ -62,27 +66,33 @@ def init_from_target_layers(draft: DominoDraftModel, target) -> int:
     return copied
 
 
-def build_draft(target, tokenizer, config_path=None, init="random", **overrides) -> DominoDraftModel:
-    """A fresh draft for `target`: from a config JSON (e.g. `hub_configs/…json`) or derived from the target.
+def build_config(target, tokenizer, config_path=None, **overrides) -> DominoConfig:
+    """The draft config for `target`: from a config JSON (e.g. `hub_configs/…json`, or the `draft_config.json`
+    that `domino features` writes) or derived from the target; `overrides` that are not None win."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    if not config_path:
+        return DominoConfig.for_target(target.config, tokenizer, **overrides)
+    with open(config_path, encoding="utf-8") as handle:
+        fields = json.load(handle)
+    fields.update(overrides)
+    for key, value in target_token_ids(target.config).items():  # what 🤗 pipelines compare with the target's
+        fields.setdefault(key, value)
+    config = DominoConfig(**fields)
+    # provenance is the target actually trained with, whatever the config file was written for
+    config.target_name_or_path = target.config._name_or_path or config.target_name_or_path
+    return config
+
+
+def build_draft(target, tokenizer, config_path=None, init="random", config=None, **overrides) -> DominoDraftModel:
+    """A fresh draft for `target` with `config`, or `build_config(target, tokenizer, config_path, **overrides)`.
     `init="from:<draft folder>"` continues from an existing draft instead (same architecture, e.g. a second
     training stage on more data)."""
     if init.startswith("from:"):
         draft = DominoDraftModel.from_pretrained(init[len("from:") :], dtype=torch.float32)
         logger.info("Continuing from the draft in %s", init[len("from:") :])
         return draft
-    if config_path:
-        with open(config_path, encoding="utf-8") as handle:
-            fields = json.load(handle)
-        fields.update({k: v for k, v in overrides.items() if v is not None})
-        for key, value in target_token_ids(target.config).items():  # what 🤗 pipelines compare with the target's
-            fields.setdefault(key, value)
-        config = DominoConfig(**fields)
-        # provenance is the target actually trained with, whatever the config file was written for
-        config.target_name_or_path = target.config._name_or_path or config.target_name_or_path
-    else:
-        config = DominoConfig.for_target(target.config, tokenizer, **{k: v for k, v in overrides.items() if v is not None})
     torch.manual_seed(0)
-    draft = DominoDraftModel(config)
+    draft = DominoDraftModel(config or build_config(target, tokenizer, config_path, **overrides))
     if init == "target-layers":
         logger.info("Initialised %d draft tensors from the target's last layers", init_from_target_layers(draft, target))
     return draft
@@ -154,6 +164,39 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
+    """The draft's sizing options, shared by `domino train` and `domino features` (which writes the config)."""
+    draft = parser.add_argument_group("draft architecture")
+    draft.add_argument("--config", "--config_name", dest="config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the target (head sized by `head_sizes_for`).")
+    draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
+    draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
+    draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
+    draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
+    return draft
+
+
+def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
+    """The draft config the sizing options of `add_draft_arguments` ask for (sub-vocabulary from `dataset`)."""
+    overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
+    if args.no_head:
+        overrides["use_domino_head"] = False
+    if args.draft_vocab_size:
+        eos = target.generation_config.eos_token_id
+        always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
+        ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
+        logger.info("Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage)
+        overrides["draft_vocab_ids"] = ids
+    config = build_config(target, tokenizer, args.config, **overrides)
+    if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
+        ids, coverage = build_draft_vocab(dataset, BIG_VOCAB // 2)
+        logger.warning(
+            "The draft predicts over all %d tokens of the vocabulary: its LM-head rows, head correction and cross "
+            "entropy then take most of each training step (docs/training.md). --draft-vocab-size %d would cover "
+            "%.2f%% of this data's response tokens.", config.vocab_size, BIG_VOCAB // 2, 100 * coverage,
+        )
+    return config
+
+
 def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     add_target_arguments(target)
@@ -162,12 +205,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     data.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Truncate prompt+response to this many tokens.")
     data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
     data.add_argument("--features", default=None, help="Context features cached by `domino features` (no target forward while training).")
-    draft = parser.add_argument_group("draft architecture")
-    draft.add_argument("--config", "--config_name", dest="config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else derived from the target (head sized by `head_sizes_for`).")
-    draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
-    draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
-    draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
-    draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
+    draft = add_draft_arguments(parser)
     draft.add_argument("--init", default="random", help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to continue from a trained draft.")
     recipe = parser.add_argument_group("recipe")
     recipe.add_argument("--out", "--output_dir", dest="out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
@@ -189,6 +227,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument("--probe-prompts", default=None, help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.")
     run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
     run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
+    add_chat_template_argument(run_group)
 
 
 def run(args) -> int:
@@ -204,37 +243,40 @@ def run(args) -> int:
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; Hub unreachable
         logger.error("%s", err)
         return 2
-    overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
-    if args.no_head:
-        overrides["use_domino_head"] = False
-    if args.draft_vocab_size:
-        eos = target.generation_config.eos_token_id
-        always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
-        ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
-        logger.info("Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage)
-        overrides["draft_vocab_ids"] = ids
-    draft = build_draft(target, tokenizer, args.config, init=args.init, **overrides)
-    if args.features:
-        from .features import FeatureStore
-
-        dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids))
-    probe = make_tau_probe(target, tokenizer, args.probe_prompts, args.probe_num, args.probe_max_new_tokens) if args.probe_prompts else None
+    if args.features and not args.config and os.path.exists(os.path.join(args.features, CONFIG)):
+        args.config = os.path.join(args.features, CONFIG)  # the config the features were extracted for
+        logger.info("Draft config from %s", args.config)
+    config = None if args.init.startswith("from:") else config_from_args(args, target, tokenizer, dataset)
+    draft = build_draft(target, tokenizer, init=args.init, config=config)
+    try:
+        if args.features:
+            dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids))
+        probe = make_tau_probe(target, tokenizer, args.probe_prompts, args.probe_num, args.probe_max_new_tokens,
+                               args.chat_template) if args.probe_prompts else None
+    except (OSError, ImportError, ValueError) as err:  # features of other layers, probe prompts missing
+        logger.error("%s", err)
+        return 2
     settings = TrainSettings(
         output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
         seed=args.seed, report_to=args.report_to, resume=args.resume,
     )
-    train_draft(target, draft, dataset, settings, tau_probe=probe)
+    try:
+        train_draft(target, draft, dataset, settings, tau_probe=probe)
+    except (NonFiniteTraining, NonFiniteFeatures) as err:
+        logger.error("%s", err)
+        return 3
     logger.info("Final draft written to %s", os.path.join(args.out, "final"))
     return 0
 
 
-def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens):
+def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens, chat_template="auto"):
     """A callable draft -> τ measured by real greedy decoding with the target on held-back prompts."""
     from ..data import chat_input_ids, read_prompts
 
-    prompts = [torch.tensor([chat_input_ids(tokenizer, r.turns[:1])]) for r in read_prompts(source, limit=num_prompts).records]
+    records = read_prompts(source, limit=num_prompts).records
+    prompts = [torch.tensor([chat_input_ids(tokenizer, r.turns[:1], chat_template=chat_template)]) for r in records]
 
     @torch.no_grad()
     def probe(draft) -> float:

@@ -28,6 +28,10 @@ logger = logging.getLogger(__name__)
 COMPLETE_MARKER = ".domino-complete"
 
 
+class NonFiniteTraining(RuntimeError):
+    """Training produced a non-finite loss or gradient norm: stopped before the optimizer step used it."""
+
+
 def last_complete_checkpoint(output_dir) -> str | None:
     """Newest `checkpoint-N` whose save finished (marker written after everything else)."""
     root = Path(output_dir)
@@ -108,12 +112,34 @@ class DominoTrainer(Trainer):
             curriculum=lam,
             softcap=self.target_head.softcap,
         )
+        if not bool(torch.isfinite(out["loss"])):
+            self._stop_non_finite("loss", float(out["loss"].detach()), context_hidden)
         for key in ("base_loss", "final_loss", "base_acc", "final_acc", "base_acc_slot0", "sim_tau", "blocks"):
             self._metric_sums[key] = self._metric_sums.get(key, 0.0) + float(out[key])
         self._metric_sums["lambda"] = self._metric_sums.get("lambda", 0.0) + lam
         self._metric_count += 1
         self._tokens += int(inputs["attention_mask"].sum())
         return (out["loss"], out) if return_outputs else out["loss"]
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """Trainer's pre-clip gradient norm, checked before the optimizer step can write NaN into the draft."""
+        grad_norm = super()._get_grad_norm(model, grad_norm=grad_norm)
+        if grad_norm is not None and not bool(torch.isfinite(torch.as_tensor(grad_norm))):
+            self._stop_non_finite("gradient norm", float(grad_norm))
+        return grad_norm
+
+    def _stop_non_finite(self, what: str, value: float, context_hidden=None):
+        """Raise `NonFiniteTraining` with the likely cause: bad context features, or a diverging run."""
+        step = self.state.global_step + 1
+        if context_hidden is not None and not bool(torch.isfinite(context_hidden).all()):
+            source = "the cached --features" if getattr(self.train_dataset, "features", None) is not None else "the target's forward"
+            cause = (f"the context features from {source} hold inf/NaN (e.g. hidden states beyond float16's range); "
+                     "extract them again with `domino features` (bfloat16 storage) or train without --features")
+        elif self.args.bf16 or self.args.fp16:
+            cause = "mixed-precision overflow or divergence; lower --lr or train in float32"
+        else:
+            cause = "the run diverged; lower --lr"
+        raise NonFiniteTraining(f"training stopped at step {step}: non-finite {what} ({value}); likely cause: {cause}.")
 
     def log(self, logs, start_time=None):
         if self._metric_count and "loss" in logs:
