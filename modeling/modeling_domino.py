@@ -178,8 +178,15 @@ class DominoDraftModel(DominoPreTrainedModel):
         return self.config.use_domino_head and hasattr(self, "prefix_gru")
 
     def fuse_context(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
-        """(b, c, n_layers * H_target) concatenated target hidden states -> (b, c, H) context features."""
-        return self.hidden_norm(self.fc(target_hidden_states.to(self.fc.weight.dtype)))
+        """(b, c, n_layers * H_target) concatenated target hidden states -> (b, c, H) context features.
+
+        A float16 draft projects in float32: target hidden states can exceed float16's range (Gemma-3's reach
+        3e5); after the RMSNorm the features are back in range."""
+        dtype = self.fc.weight.dtype
+        if dtype == torch.float16:
+            projected = F.linear(target_hidden_states.float(), self.fc.weight.float())
+            return self.hidden_norm(projected).to(dtype)
+        return self.hidden_norm(self.fc(target_hidden_states.to(dtype)))
 
     def forward(
         self,

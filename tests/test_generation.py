@@ -389,3 +389,12 @@ def test_generation_caches_never_keep_a_target_alive():
     del target
     gc.collect()
     assert alive() is None and len(_GENERATION_CACHES[draft]) == 0
+
+
+def test_float16_draft_projects_huge_target_states_without_overflow():
+    """Target hidden states beyond float16's range (Gemma-3 reaches 3e5) stay finite in a float16 draft."""
+    target = make_tiny_target("llama")
+    draft = make_tiny_draft(target).to(torch.float16)
+    states = torch.full((1, 3, draft.fc.in_features), 3e5)
+    fused = draft.fuse_context(states)
+    assert fused.dtype == torch.float16 and torch.isfinite(fused).all()
