@@ -274,3 +274,38 @@ def test_features_cli_loads_the_target_in_the_requested_dtype(tmp_path, monkeypa
     argv = ["features", "--data", str(data), "--config", str(data), "--out", str(tmp_path / "f")]
     assert main(argv + ["--dtype", "bfloat16"]) == 2 and main(argv) == 2
     assert seen == [torch.bfloat16, torch.float32]
+
+
+def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):
+    """A target whose LM head has a bias: the objective's base logits come from `DominoTargetHead.logits`, the
+    very function drafting uses, so the bias changes the training loss (it was silently dropped before)."""
+    import copy
+
+    from transformers import TrainingArguments
+
+    from domino_hf import DominoTargetHead
+    from domino_hf.training.dataset import AnchorCollator
+    from domino_hf.training.objective import DominoObjective
+    from domino_hf.training.trainer import DominoTrainer
+
+    biased = copy.deepcopy(target)
+    weight = biased.get_output_embeddings().weight.detach().clone()
+    biased.lm_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=True)
+    with torch.no_grad():
+        biased.lm_head.weight.copy_(weight)
+        biased.lm_head.bias.copy_(torch.linspace(-4.0, 4.0, weight.shape[0]))
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=4))
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
+    batch = AnchorCollator(draft.config, num_anchors=4)([dataset[i] for i in range(4)])
+    args = TrainingArguments(output_dir=str(tmp_path / "run"), report_to=[], use_cpu=True)
+    losses, seen = [], []
+    original = DominoTargetHead.logits
+    for model in (target, biased):
+        trainer = DominoTrainer(model=DominoObjective(draft), args=args, target=model, train_dataset=dataset)
+        trainer.state.max_steps = 10
+        head = trainer.target_head
+        head.logits = lambda hidden, head=head: seen.append(head.bias is not None) or original(head, hidden)
+        with torch.no_grad():
+            losses.append(float(trainer.compute_loss(trainer.model, batch)))
+    assert seen == [False, True]  # the objective's base logits went through the drafting head, bias and all
+    assert abs(losses[0] - losses[1]) > 1e-3

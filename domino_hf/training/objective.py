@@ -62,9 +62,8 @@ class DominoObjective(nn.Module):
         label_embeds: torch.Tensor | None,
         anchors: torch.Tensor,
         labels: torch.Tensor,
-        lm_head_weight: torch.Tensor,
+        target_head,
         curriculum: float,
-        softcap: float | None = None,
     ) -> dict[str, torch.Tensor]:
         r"""
         Args:
@@ -74,7 +73,8 @@ class DominoObjective(nn.Module):
             anchors: (b, A) anchor positions.
             labels: (b, A, n) draft-vocabulary indices of x_{a+1+j}; -100 = no label (past the end, padding,
                 unused anchor); -1 = a real token outside the sub-vocabulary (a miss, no loss).
-            lm_head_weight: (V', H) the target's LM-head rows of the draft vocabulary.
+            target_head: the `DominoTargetHead` drafting uses: base logits come from its `logits` (LM-head rows
+                of the draft vocabulary, bias and soft-capping included), so training and drafting see the same.
             curriculum: λ in (1-λ)·L_final + λ·L_base.
         """
         config = self.draft.config
@@ -91,9 +91,7 @@ class DominoObjective(nn.Module):
             attention_mask=block_attention_mask(anchors, seq_len, block),
         ).last_hidden_state  # (b, A·B, H)
         slots = hidden.view(b, num_anchors, block, -1)[:, :, offset : offset + n]  # (b, A, n, H)
-        base_logits = F.linear(slots, lm_head_weight.to(slots.dtype)).float()  # (b, A, n, V')
-        if softcap:
-            base_logits = torch.tanh(base_logits / softcap) * softcap
+        base_logits = target_head.logits(slots)  # (b, A, n, V') float32
         final_logits = base_logits
         if self.draft.has_domino_head and label_embeds is not None:
             states = self.draft.causal_states(label_embeds.reshape(b * num_anchors, n, -1))  # (b·A, n, Hg)

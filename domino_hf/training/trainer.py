@@ -108,9 +108,8 @@ class DominoTrainer(Trainer):
             label_embeds=label_embeds,
             anchors=inputs["anchors"],
             labels=inputs["labels"],
-            lm_head_weight=self.target_head.weight,
+            target_head=self.target_head,
             curriculum=lam,
-            softcap=self.target_head.softcap,
         )
         if not bool(torch.isfinite(out["loss"])):
             self._stop_non_finite("loss", float(out["loss"].detach()), context_hidden)
