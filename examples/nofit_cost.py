@@ -53,6 +53,10 @@ def main() -> None:
 
     target = build_target(args)
     draft = DominoDraftModel.from_target(target, num_hidden_layers=1, block_size=args.block_size).eval()
+    with torch.no_grad():
+        # A random draft on a random target copies the token random targets repeat (its output is close to the
+        # anchor's embedding, and the head is tied): negating its final norm makes it reliably wrong.
+        draft.norm.weight.neg_()
     draft = draft.to(torch.bfloat16)
     if args.target_kernels == "optimized":
         optimize_for_cpu(target), optimize_for_cpu(draft)

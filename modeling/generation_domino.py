@@ -94,14 +94,15 @@ class DraftBackoff:
 
     A drafted step costs its verify forward (≈ 1.1–1.3× a plain step with `optimize_for_cpu` kernels) plus
     the draft's forward, so it pays off once it adds ≳ `min_accepted` tokens over a plain step. While the moving
-    average of accepted tokens per drafted step (weight `alpha`, starting at 1) is below that, take 1, 2, 4 …
+    average of accepted tokens per drafted step (weight `alpha`, starting at `start`: 5 misses in a row pause a
+    fresh draft; a draft averaging 0.4 is never paused) is below that, take 1, 2, 4 …
     (at most `max_skip`) plain steps between single probes; a probe that lifts the average back ends it.
     Decided from the acceptance history only, never from the tokens of the step at hand: sampling stays exact.
     """
 
-    def __init__(self, min_accepted: float = 0.25, alpha: float = 0.1, max_skip: int = 32):
+    def __init__(self, min_accepted: float = 0.25, alpha: float = 0.15, max_skip: int = 32, start: float = 0.5):
         self.min_accepted, self.alpha, self.max_skip = min_accepted, alpha, max_skip
-        self.average = 1.0
+        self.average = start
         self.skip = self.skip_left = 0
 
     def should_draft(self) -> bool:

@@ -94,7 +94,7 @@ def test_backoff_takes_plain_steps_when_the_draft_never_fits():
 
 
 def test_backoff_schedule():
-    backoff = DraftBackoff(min_accepted=0.3, alpha=0.5, max_skip=4)  # average 1 → 0.5 → 0.25: skipping
+    backoff = DraftBackoff(min_accepted=0.3, alpha=0.5, max_skip=4, start=1.0)  # average 1 → 0.5 → 0.25: skipping
     decisions = []
     for _ in range(12):
         draft = backoff.should_draft()
