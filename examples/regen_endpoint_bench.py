@@ -40,7 +40,7 @@ def regen(args: argparse.Namespace, out: Path, prompts: Path, *extra: str, threa
     match = LOG_LINE.search(done.stderr)
     answers, finished, tokens, tok_s = int(match[1]), int(match[2]), int(match[3]), float(match[4])
     seconds = tokens / tok_s
-    return {"answers": answers, "tokens": tokens, "seconds": seconds, "wall_s": time.perf_counter() - start}
+    return {"answers": answers, "finished": finished, "tokens": tokens, "seconds": seconds, "wall_s": time.perf_counter() - start}
 
 
 def run_pair(args: argparse.Namespace, halves: list[Path], report) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import signal
 import socket
 import subprocess

@@ -21,7 +21,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
-from .objective import DominoObjective, curriculum_lambda
+from .objective import curriculum_lambda
 
 logger = logging.getLogger(__name__)
 
