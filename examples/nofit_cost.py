@@ -59,7 +59,8 @@ def main() -> None:
         draft.norm.weight.neg_()
     draft = draft.to(torch.bfloat16)
     if args.target_kernels == "optimized":
-        optimize_for_cpu(target), optimize_for_cpu(draft)
+        optimize_for_cpu(target)
+        optimize_for_cpu(draft)
     generator = torch.Generator().manual_seed(1)
     prompts = [
         BenchPrompt("random", str(i), torch.randint(0, args.vocab, (64,), generator=generator).tolist())

@@ -356,10 +356,13 @@ class DominoCandidateGenerator(CandidateGenerator):
         span = candidates[0, input_ids.shape[1] :][:budget]
         if self.extra_stopping:
             for j in range(len(span)):
-                sequence = torch.cat([input_ids, span[None, : j + 1]], dim=1)
-                if any(bool(c(sequence, None).any()) for c in self.extra_stopping):
+                if self._stops(torch.cat([input_ids, span[None, : j + 1]], dim=1)):
                     return span[:j]  # never propose past a stop: the target's own token must stop generation
         return span
+
+    def _stops(self, sequence) -> bool:
+        """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires."""
+        return any(bool(c(sequence, None).any()) for c in self.extra_stopping)
 
     # ------------------------------------------------------------------------------------------- the draft
     def _stash_context(self, model_outputs, cur_len):
@@ -448,22 +451,24 @@ class DominoCandidateGenerator(CandidateGenerator):
                     break
             if forced is not None:
                 token = forced[j].reshape(1, 1)
-                index = self.head.to_draft_index(token)
+                index = self._draft_index(token)
             else:
                 token, index = self._pick(logits, full_logits, greedy)
             if dist is not None:
-                column = token if full_logits is not None else index
-                p = float(dist[0, column.squeeze()]) if int(column) >= 0 else 0.0
+                if full_logits is not None:
+                    p = float(dist[0, token.squeeze()])
+                else:  # sub-vocabulary columns: a token outside them has probability 0
+                    p = 0.0 if index is None else float(dist[0, index.squeeze()])
                 chain *= p
                 probs.append(p)
             if not scoring and (self.extra_stopping or self.logits_processor):  # only these read the prefix
                 sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
-                if self.extra_stopping and any(bool(c(sequence, None).any()) for c in self.extra_stopping):
+                if self.extra_stopping and self._stops(sequence):
                     break  # never draft past a stop: the target's own bonus token must be the one that stops
             chosen.append(token)
             processed.append(full_logits)
             if tables is not None and j + 1 < n:
-                state = self.draft.gru_step(state, tables.input_gates(index if int(index) >= 0 else None, token))
+                state = self.draft.gru_step(state, tables.input_gates(index, token))
         if not chosen:
             return input_ids.new_zeros(1, 0), None, probs
         draft_ids = torch.cat(chosen, dim=1)
@@ -478,7 +483,8 @@ class DominoCandidateGenerator(CandidateGenerator):
         return self.logits_processor(sequence, self.head.to_full_vocab(logits))  # (1, V)
 
     def _pick(self, logits, full_logits, greedy=False):
-        """Argmax or sample; returns the target id (1, 1) and its draft-vocabulary index (1, 1)."""
+        """Argmax or sample; returns the target id (1, 1) and its draft-vocabulary index (1, 1), or None when
+        a processor made a token outside the sub-vocabulary the choice."""
         if full_logits is None:
             index = logits.argmax(dim=-1, keepdim=True)
             return self.head.to_target_ids(index), index
@@ -486,7 +492,12 @@ class DominoCandidateGenerator(CandidateGenerator):
             token = self._sample(full_logits)
         else:
             token = full_logits.argmax(dim=-1, keepdim=True)
-        return token, self.head.to_draft_index(token)
+        return token, self._draft_index(token)
+
+    def _draft_index(self, token):
+        """(1, 1) draft-vocabulary index of a target id, None outside the sub-vocabulary."""
+        index = self.head.to_draft_index(token)
+        return None if self.head.vocab_map is not None and int(index) < 0 else index
 
     def _sample(self, full_logits):
         """One draw from softmax(full_logits) (1, V) -> (1, 1). With a sub-vocabulary every other logit is
