@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -56,6 +57,17 @@ DEFAULT_LOOKUP_NGRAM = 2
 _HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
 
 
+class _Step(NamedTuple):
+    """A proposal awaiting verification."""
+
+    proposed: int  # tokens sent to the target
+    source: str  # "domino", "lookup" or "none"
+    predicted: float | None  # the draft's expected accepted tokens for it, when scored
+    shadow: torch.Tensor | None  # (k,) the draft's block, when a span beat it
+    draft_ran: bool
+    span: list[int] | None  # the whole span lookup found this step (sent or not), scored after the verify
+
+
 class DominoGenerationStats:
     """What one `generate` call did, per verify step (prefill excluded): tokens drafted and accepted, and
     where the proposal came from: `domino` (the draft's block), `lookup` (a span copied from the context) or
@@ -65,13 +77,15 @@ class DominoGenerationStats:
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.sources: list[str] = []
+        self.draft_runs: list[bool] = []  # whether the draft's forward ran (a span can go out without it)
         # Seconds per phase, filled when `draft.profile_timings` is set (bench --profile).
         self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
 
-    def record(self, drafted: int, accepted: int, source: str) -> None:
+    def record(self, drafted: int, accepted: int, source: str, draft_ran: bool = False) -> None:
         self.drafted.append(drafted)
         self.accepted.append(accepted)
         self.sources.append(source)
+        self.draft_runs.append(draft_ran)
 
     @property
     def num_steps(self) -> int:
@@ -86,22 +100,29 @@ class DominoGenerationStats:
         return {source: self.sources.count(source) for source in ("domino", "lookup", "none")}
 
     def __repr__(self):
-        return f"DominoGenerationStats(steps={self.num_steps}, tau={self.tau:.3f}, sources={self.source_counts()})"
+        return (
+            f"DominoGenerationStats(steps={self.num_steps}, tau={self.tau:.3f}, sources={self.source_counts()}, "
+            f"draft_runs={sum(self.draft_runs)})"
+        )
 
 
 class DraftBackoff:
     """No-fit fallback: skip the draft while it does not pay for itself.
 
-    A drafted step costs its verify forward (≈ 1.1–1.3× a plain step with `optimize_for_cpu` kernels) plus
-    the draft's forward, so it pays off once it adds ≳ `min_accepted` tokens over a plain step. While the moving
-    average of accepted tokens per drafted step (weight `alpha`, starting at `start`: 5 misses in a row pause a
-    fresh draft; a draft averaging 0.4 is never paused) is below that, take 1, 2, 4 …
-    (at most `max_skip`) plain steps between single probes; a probe that lifts the average back ends it.
-    Decided from the acceptance history only, never from the tokens of the step at hand: sampling stays exact.
+    A drafted step costs the draft's forward and a longer verify (≈ 1.1–1.3× a plain step with
+    `optimize_for_cpu` kernels), so the draft pays off once its blocks get ≳ `min_gain` tokens accepted. A block
+    that lost to a lookup span counts with what it would have had accepted (`shadow_accepted`). While the moving
+    average (weight `alpha`, starting at `start`: 5 misses in a row pause a fresh draft; a draft averaging 0.4
+    is never paused) is below `min_gain`, take 1, 2, 4 … (at most `max_skip`) steps without the draft between
+    single probes; a probe that lifts the average back ends it. Decided from the acceptance history only, never
+    from the tokens of the step at hand: sampling stays exact.
+
+    (Judging the draft by its gain over the span instead, accepted minus what the span would have had, paused it
+    too often where it helps: MT-Bench τ 1.73 → 1.47 in the six-set benchmark.)
     """
 
-    def __init__(self, min_accepted: float = 0.25, alpha: float = 0.15, max_skip: int = 32, start: float = 0.5):
-        self.min_accepted, self.alpha, self.max_skip = min_accepted, alpha, max_skip
+    def __init__(self, min_gain: float = 0.25, alpha: float = 0.15, max_skip: int = 32, start: float = 0.5):
+        self.min_gain, self.alpha, self.max_skip = min_gain, alpha, max_skip
         self.average = start
         self.skip = self.skip_left = 0
 
@@ -111,67 +132,129 @@ class DraftBackoff:
             return False
         return True
 
-    def update(self, drafted: int, accepted: int) -> None:
-        if drafted == 0:
-            return
-        self.average += self.alpha * (accepted - self.average)
-        if self.average >= self.min_accepted:
+    def update(self, gain: float) -> None:
+        """After a step the draft ran for: the tokens its block got (or would have got) accepted."""
+        self.average += self.alpha * (gain - self.average)
+        if self.average >= self.min_gain:
             self.skip = self.skip_left = 0
         else:
             self.skip = min(max(1, 2 * self.skip), self.max_skip)
             self.skip_left = self.skip
 
 
+class VerifyCost:
+    """Relative cost of a verify forward over k tokens, a plain step (k = 1) being 1: 1 + `step` + `per_token`·(k-1)
+    for k > 1. The CPU defaults fit the `optimize_for_cpu` column of docs/cpu_kernels.md (SmolLM2-135M fp32:
+    k = 2, 5, 9, 17 cost 1.11, 1.20, 1.29, 1.52). On a GPU a few more tokens are close to free, and
+    `for_device` assumes so (not measured here)."""
+
+    def __init__(self, step: float = 0.08, per_token: float = 0.025):
+        self.step, self.per_token = step, per_token
+
+    @classmethod
+    def for_device(cls, device: torch.device) -> VerifyCost:
+        return cls() if device.type == "cpu" else cls(step=0.01, per_token=0.002)
+
+    def __call__(self, k: int) -> float:
+        return 1.0 if k <= 1 else 1.0 + self.step + self.per_token * (k - 1)
+
+
+class SpanModel:
+    """What past lookup spans say about the next one: h[j] = P(token j+1 of a span is accepted | the tokens
+    before it were), a moving average (weight `alpha`) over every step that had a span, sent or not. The
+    verified tokens of a step (accepted + bonus: the target's own) show how far any span would have matched,
+    so an unsent span is scored too, as far as they reach. The starting rates are those of transformers' prompt
+    lookup over our six benchmark sets (0.29, 0.63, then 0.77–0.98)."""
+
+    def __init__(self, max_len: int, alpha: float = 0.2, start: tuple[float, ...] = (0.3, 0.6, 0.8)):
+        self.alpha = alpha
+        self.h = [start[min(j, len(start) - 1)] for j in range(max_len)]
+
+    def expected(self, length: int) -> float:
+        """Σ_{j≤length} Π_{i≤j} h_i: tokens a span of `length` gets accepted on average."""
+        total, chain = 0.0, 1.0
+        for rate in self.h[:length]:
+            chain *= rate
+            total += chain
+        return total
+
+    def observe(self, span: list[int], verified: list[int]) -> None:
+        for j, (token, target_token) in enumerate(zip(span, verified)):
+            hit = token == target_token
+            self.h[j] += self.alpha * (hit - self.h[j])
+            if not hit:
+                break
+
+
 class SourceChooser:
-    """Picks the Domino block or the lookup span, from what each is expected to get accepted.
+    """Picks the Domino block or the lookup span, whichever is expected to give more tokens per unit of verify
+    cost (`VerifyCost`: a 10-token span costs a longer verify than a 4-token block).
 
+    * Span: `SpanModel`'s expected accepted tokens, learnt from every past step that had a span; when the draft
+      ran, the larger of that and the draft's own expectation for the span (the draft may know a span is right
+      before the history does; the history knows spans the draft cannot predict, such as names and numbers).
     * Domino: the draft's expected accepted tokens for its greedy block, scaled by realised ÷ predicted
-      accepted tokens of its past proposals in this `generate` call (`prior` pseudo-tokens each), since a
-      draft's confidence is not its acceptance rate.
-    * Lookup: the larger of the draft's expected accepted tokens for the span (the draft agrees with the copy)
-      and the moving average of tokens accepted per past span (weight `alpha`, starting at `lookup_start`):
-      the draft under-rates spans it cannot predict but that are copied verbatim (names, numbers, code).
-    * A span is tried at least every `explore_every` steps that had one, so the average keeps learning.
-    * When spans have been accepted much better than blocks lately (`span_first`), a span is proposed without
-      running the draft at all: on copy-heavy text this saves the draft's forward on most steps.
+      accepted tokens of its past blocks in this `generate` call (`prior` pseudo-tokens each), since a draft's
+      confidence is not its acceptance rate.
+    * A span goes out without running the draft at all (`span_first`) while a copy is under way (the last step
+      was a span accepted in full), or when spans are expected to beat blocks by over a token. On copy-heavy
+      text this saves the draft's forward on most steps, which is what prompt lookup never pays.
+    * Blocks are also scored on steps where a span won (`shadow_accepted`), so a draft that loses every step to
+      spans learns that it does (`domino_average`, and the back-off) instead of running unseen on every step.
 
-    Everything here is a function of the context and of past verify steps, never of a token drawn for the
-    step at hand: sampling stays exact.
+    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ). Everything here is a function of the context and of past verify steps, never of a token
+    drawn for the step at hand: sampling stays exact.
     """
 
-    def __init__(self, explore_every: int = 8, prior: float = 0.25, alpha: float = 0.3, lookup_start: float = 1.0):
-        self.explore_every, self.prior, self.alpha = explore_every, prior, alpha
+    def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
+        self.cost = cost or VerifyCost()
+        self.spans = SpanModel(max_span)
+        self.prior, self.alpha = prior, alpha
         self.realised = self.predicted = prior
-        self.lookup_average = lookup_start
-        self.domino_average = lookup_start  # accepted tokens per drafted block, same moving average
-        self.spans_skipped = 0
+        self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
+        self.copying = False  # the last verify step accepted a whole span
 
-    def span_first(self) -> bool:
-        """Propose an available span without drafting: spans have recently beaten blocks by over a token."""
-        return self.lookup_average > self.domino_average + 1.0
+    def span_first(self, length: int) -> bool:
+        """Send the span without drafting: a copy is under way, or spans beat blocks by over a token lately."""
+        return self.copying or self.spans.expected(length) > self.domino_average + 1.0
 
-    def needs_lookup_score(self, domino_score: float) -> bool:
+    def _values(self, domino_score: float, block: int, lookup_score: float, length: int) -> tuple[float, float]:
+        """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""
+        domino = (1.0 + domino_score * self.realised / self.predicted) / self.cost(block + 1)
+        lookup = (1.0 + max(lookup_score, self.spans.expected(length))) / self.cost(length + 1)
+        return domino, lookup
+
+    def needs_lookup_score(self, domino_score: float, block: int, length: int) -> bool:
         """Whether the draft's score of the span can change the choice (else its rollout is skipped)."""
-        return self.lookup_average <= domino_score * self.realised / self.predicted
+        domino, lookup = self._values(domino_score, block, 0.0, length)
+        return lookup <= domino < self._values(domino_score, block, float(length), length)[1]
 
-    def choose(self, domino_score: float, lookup_score: float) -> str:
-        domino_value = domino_score * self.realised / self.predicted
-        lookup_value = max(lookup_score, self.lookup_average)
-        if lookup_value > domino_value or self.spans_skipped + 1 >= self.explore_every:
-            self.spans_skipped = 0
-            return "lookup"
-        self.spans_skipped += 1
-        return "domino"
+    def choose(self, domino_score: float, block: int, lookup_score: float, length: int) -> str:
+        domino, lookup = self._values(domino_score, block, lookup_score, length)
+        return "lookup" if lookup > domino else "domino"
 
-    def update(self, source: str, predicted: float | None, accepted: int) -> None:
-        """After a verify step: `predicted` is the draft's expected accepted tokens when it scored the step."""
-        if source == "lookup":
-            self.lookup_average += self.alpha * (accepted - self.lookup_average)
-        elif source == "domino":
+    def update(self, step: _Step, accepted: int, shadow: int | None, verified: list[int]) -> None:
+        """After a verify step: `shadow` is what the draft's block would have had accepted when a span beat it."""
+        self.copying = step.source == "lookup" and 0 < step.proposed == accepted
+        if step.span is not None:
+            self.spans.observe(step.span, verified)
+        if step.source == "lookup" and shadow is not None:
+            self.domino_average += self.alpha * (shadow - self.domino_average)
+        elif step.source == "domino":
             self.domino_average += self.alpha * (accepted - self.domino_average)
-            if predicted is not None:
-                self.predicted += predicted
+            if step.predicted is not None:
+                self.predicted += step.predicted
                 self.realised += accepted
+
+
+def shadow_accepted(proposal: list[int], verified: list[int]) -> int:
+    """Tokens of a proposal that was not sent that the target would have accepted, as far as the verified
+    tokens (this step's accepted tokens + bonus, the target's own) show: the length of their common prefix.
+    Exact in greedy decoding up to `len(verified)`; a lower bound past it."""
+    n = 0
+    while n < min(len(proposal), len(verified)) and proposal[n] == verified[n]:
+        n += 1
+    return n
 
 
 def expected_accepted(probs: list[float], length: int | None = None) -> float:
@@ -277,13 +360,14 @@ class DominoCandidateGenerator(CandidateGenerator):
                 vocab_size=self.head.vocab_size,
             )
         self.backoff = DraftBackoff()
-        self.chooser = SourceChooser()
+        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), VerifyCost.for_device(target.device))
+        self._span: list[int] | None = None  # the span lookup found at the step being proposed
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
         )
         self.stats = DominoGenerationStats()
-        self._step = None  # (tokens proposed, source) of the step awaiting verification
+        self._step: _Step | None = None  # the step awaiting verification
         draft.last_generation_stats = self.stats
         self.profile = bool(getattr(draft, "profile_timings", False))
         self._sync = torch.cuda.synchronize if (self.profile and draft.device.type == "cuda") else (lambda: None)
@@ -294,12 +378,14 @@ class DominoCandidateGenerator(CandidateGenerator):
         if is_first_iteration:
             return input_ids, None
         cur_len = input_ids.shape[1]
+        self._span = None
         self._stash_context(model_outputs, cur_len)
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
         span = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
-        if len(span) and self.chooser.span_first():
+        self._span = span.tolist() if len(span) else None
+        if len(span) and self.chooser.span_first(len(span)):
             return self._propose_lookup(input_ids, span)
         if not self.backoff.should_draft():
             return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
@@ -314,14 +400,14 @@ class DominoCandidateGenerator(CandidateGenerator):
         if len(span):  # choose before drawing anything: both scores are functions of the context only
             greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
             scores = {"domino": expected_accepted(domino_probs), "lookup": 0.0}
-            if self.chooser.needs_lookup_score(scores["domino"]):
+            if self.chooser.needs_lookup_score(scores["domino"], n_draft, len(span)):
                 lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
                 scores["lookup"] = expected_accepted(lookup_probs, len(span))
-            source = self.chooser.choose(scores["domino"], scores["lookup"])
+            source = self.chooser.choose(scores["domino"], n_draft, scores["lookup"], len(span))
             predicted = scores[source]
             if source == "lookup":
                 clock("head_rollout")
-                return self._propose_lookup(input_ids, span, predicted)
+                return self._propose_lookup(input_ids, span, predicted, shadow=greedy_ids[0])
         if greedy_ids is not None and self.scoring_is_the_proposal:
             clock("head_rollout")
             return self._propose(input_ids, greedy_ids, None, "domino", predicted)
@@ -330,23 +416,24 @@ class DominoCandidateGenerator(CandidateGenerator):
         return self._propose(input_ids, draft_ids, draft_logits, "domino", predicted)
 
     # ------------------------------------------------------------------------------------------- proposals
-    def _propose(self, input_ids, draft_ids, draft_logits, source, predicted=None):
-        """Record what is proposed (and the accepted tokens predicted for it, when scored) and hand it to
-        transformers: candidate ids (1, cur_len + k), logits or None."""
+    def _propose(self, input_ids, draft_ids, draft_logits, source, predicted=None, shadow=None, draft_ran=None):
+        """Record what is proposed (the accepted tokens predicted for it, when scored, and the block a span beat)
+        and hand it to transformers: candidate ids (1, cur_len + k), logits or None."""
+        draft_ran = source == "domino" if draft_ran is None else draft_ran
         if draft_ids is None or draft_ids.shape[1] == 0:
-            self._step = (0, "none", None)
+            self._step = _Step(0, "none", None, None, draft_ran, self._span)
             return input_ids, None
-        self._step = (draft_ids.shape[1], source, predicted)
+        self._step = _Step(draft_ids.shape[1], source, predicted, shadow, draft_ran, self._span)
         return torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1), draft_logits
 
-    def _propose_lookup(self, input_ids, span, predicted=None):
+    def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
         """The lookup span as candidates; when sampling, q is one-hot: the span is fixed given the context."""
         ids = span[None].to(input_ids.device)  # (1, L)
         logits = None
         if self.return_logits:
             logits = torch.full((1, len(span), self.head.vocab_size), float("-inf"), device=input_ids.device)
             logits.scatter_(2, ids[..., None], 0.0)
-        return self._propose(input_ids, ids, logits, "lookup", predicted)
+        return self._propose(input_ids, ids, logits, "lookup", predicted, shadow, draft_ran=shadow is not None)
 
     def _lookup_span(self, input_ids, budget):
         """Transformers' prompt lookup on prompt + generated text, cut at `budget` and at a stop criterion."""
@@ -514,12 +601,18 @@ class DominoCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._step is None:
             return
-        proposed, source, predicted = self._step
-        accepted = int(num_matches)
-        self.stats.record(proposed, accepted, source)
-        self.chooser.update(source, predicted, accepted)
+        step, accepted = self._step, int(num_matches)
+        proposed, source = step.proposed, step.source
+        self.stats.record(proposed, accepted, source, step.draft_ran)
+        verified = input_ids[0, -(accepted + 1) :].tolist()  # this step's accepted tokens + bonus: the target's
+        shadow = None
+        if step.shadow is not None:  # the draft ran but its block lost to a span: what would it have got?
+            shadow = shadow_accepted(step.shadow.tolist(), verified)
+        self.chooser.update(step, accepted, shadow, verified)
         if source == "domino":
-            self.backoff.update(proposed, accepted)
+            self.backoff.update(accepted)
+        elif shadow is not None:  # a block that lost to a span is judged by what it would have had accepted
+            self.backoff.update(shadow)
         if self.schedule in _HEURISTIC_SCHEDULES and proposed:
             self.cap = self.cap + 2 if accepted == proposed else max(1, self.cap - 1)
         self._step = None

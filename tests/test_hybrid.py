@@ -94,21 +94,21 @@ def test_backoff_takes_plain_steps_when_the_draft_never_fits():
 
 
 def test_backoff_schedule():
-    backoff = DraftBackoff(min_accepted=0.3, alpha=0.5, max_skip=4, start=1.0)  # average 1 → 0.5 → 0.25: skipping
+    backoff = DraftBackoff(min_gain=0.3, alpha=0.5, max_skip=4, start=1.0)  # average 1 → 0.5 → 0.25: skipping
     decisions = []
     for _ in range(12):
         draft = backoff.should_draft()
         decisions.append(draft)
         if draft:
-            backoff.update(drafted=4, accepted=0)
+            backoff.update(0)
     assert decisions == [True, True, False, True, False, False, True, False, False, False, False, True]
-    backoff.update(drafted=4, accepted=2)  # the average is back above 0.3
+    backoff.update(2)  # the average is back above 0.3
     assert backoff.should_draft() and backoff.skip == 0
     weak = DraftBackoff()  # a weak draft that still pays (0.4 tokens per step on average) is never paused
     pattern = [0, 0, 1, 0, 1, 0, 0, 1, 0, 1]
     for step in range(200):
         assert weak.should_draft()
-        weak.update(drafted=4, accepted=pattern[step % len(pattern)])
+        weak.update(pattern[step % len(pattern)])
 
 
 def test_expected_accepted():
@@ -158,8 +158,8 @@ def test_sampling_with_lookup_is_exact(target, monkeypatch, forced):
     draft = peaked_draft(target)
     if forced:
         always_lookup(monkeypatch)
-    else:  # the calibrated rule as shipped, exploring often enough to matter within 4 new tokens
-        monkeypatch.setattr(SourceChooser.__init__, "__defaults__", (2, 0.25, 0.3, 0.0))
+    else:  # the calibrated rule as shipped
+        assert SourceChooser.__init__.__defaults__ == (None, 0.25, 0.3)
     assert lookup_steps(target, draft, 50, seed=9) > (20 if forced else 2)
     counts, drafted, accepted = sample(target, 700, seed=11, assistant_model=draft)
     assert 0 < accepted < drafted
@@ -171,8 +171,8 @@ def test_wrong_lookup_q_is_caught(target, monkeypatch):
     always_lookup(monkeypatch)
     original = DominoCandidateGenerator._propose_lookup
 
-    def uniform_q(self, input_ids, span, predicted=None):
-        ids, logits = original(self, input_ids, span, predicted)
+    def uniform_q(self, input_ids, span, *args, **kwargs):
+        ids, logits = original(self, input_ids, span, *args, **kwargs)
         return ids, None if logits is None else torch.zeros_like(logits)
 
     monkeypatch.setattr(DominoCandidateGenerator, "_propose_lookup", uniform_q)
@@ -180,30 +180,64 @@ def test_wrong_lookup_q_is_caught(target, monkeypatch):
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) < 1e-6
 
 
-def test_source_chooser_learns_from_acceptance_and_explores():
-    from domino_hf.modeling.generation_domino import SourceChooser
+def _step(source, proposed, predicted=None, span=None):
+    from domino_hf.modeling.generation_domino import _Step
 
-    chooser = SourceChooser(explore_every=4)
-    assert [chooser.choose(2.0, 0.1) for _ in range(4)] == ["domino", "domino", "domino", "lookup"]
-    chooser.update("lookup", predicted=0.1, accepted=5)  # the draft under-rated a copied span
-    chooser.update("domino", predicted=2.0, accepted=1)  # and over-rated its own block
-    assert chooser.lookup_average == pytest.approx(1.0 + 0.3 * 4)
-    assert chooser.choose(2.0, 0.1) == "lookup"
-    for _ in range(10):
-        chooser.update("lookup", predicted=0.1, accepted=0)  # spans stop being accepted
-    assert chooser.choose(2.0, 0.1) == "domino"
+    return _Step(proposed, source, predicted, None, source == "domino", span)
+
+
+def test_source_chooser_learns_from_acceptance():
+    from domino_hf.modeling.generation_domino import SourceChooser, VerifyCost
+
+    chooser = SourceChooser(max_span=4, cost=VerifyCost(step=0.0, per_token=0.0))  # tokens alone decide
+    assert chooser.spans.expected(4) == pytest.approx(0.3 * (1 + 0.6 * (1 + 0.8 + 0.8**2)))  # starting rates
+    assert chooser.choose(2.0, 4, 0.1, length=4) == "domino"
+    for _ in range(10):  # spans are copied verbatim, blocks over-rated by the draft
+        chooser.update(_step("lookup", 4, span=[1, 2, 3, 4]), 4, None, [1, 2, 3, 4, 5])
+        chooser.update(_step("domino", 4, predicted=2.0), 1, None, [7, 8])
+    assert chooser.spans.expected(4) > 3.5 and chooser.realised / chooser.predicted < 0.6
+    assert chooser.choose(2.0, 4, 0.1, length=4) == "lookup"
+    assert not chooser.needs_lookup_score(2.0, 4, length=4)  # history alone decides: no teacher-forced rollout
+    for _ in range(10):  # spans stop being right, also on steps that did not send them
+        chooser.update(_step("domino", 4, predicted=2.0, span=[1, 2, 3, 4]), 2, None, [9, 9, 9])
+    assert chooser.spans.h[0] < 0.2
+    assert chooser.choose(4.0, 4, 0.1, length=4) == "domino"
+    assert chooser.needs_lookup_score(4.0, 4, length=4)
+    assert chooser.choose(4.0, 4, 3.5, length=4) == "lookup"  # unless the draft itself vouches for the span
+
+
+def test_the_choice_weighs_verify_cost():
+    from domino_hf.modeling.generation_domino import SourceChooser, VerifyCost
+
+    cost = VerifyCost(step=0.08, per_token=0.025)
+    assert cost(1) == 1.0 and cost(5) == pytest.approx(1.18) and cost(11) == pytest.approx(1.33)
+    chooser = SourceChooser(max_span=10, cost=cost)
+    # 1.1 expected tokens either way: the 4-token block's verify is cheaper than the 10-token span's
+    assert chooser.choose(1.1, 4, 1.1, length=10) == "domino"
+    assert chooser.choose(1.1, 4, 1.2, length=4) == "lookup"  # same cost: more tokens win
+    assert VerifyCost.for_device(torch.device("meta"))(11) < 1.05  # accelerators: more tokens ~ free
+
+
+def test_span_model_scores_unsent_spans_as_far_as_the_verified_tokens_reach():
+    from domino_hf.modeling.generation_domino import SpanModel
+
+    spans = SpanModel(max_len=4, alpha=0.5, start=(0.5,))
+    spans.observe([1, 2, 3, 4], [1, 2, 9])  # 2 accepted, 3rd rejected, 4th unseen
+    assert spans.h == [0.75, 0.75, 0.25, 0.5]
+    spans.observe([1, 2, 3, 4], [5])  # a plain step: only the first position is seen
+    assert spans.h == [0.375, 0.75, 0.25, 0.5]
 
 
 def test_spans_go_first_without_drafting_when_they_win_by_far(fitted_pair, monkeypatch):
     """On copy-heavy text the draft is skipped for steps with a span; still lossless, and cheaper."""
     from domino_hf.modeling.generation_domino import SourceChooser
 
-    chooser = SourceChooser()
-    assert not chooser.span_first()
+    chooser = SourceChooser(max_span=4)
+    assert not chooser.span_first(4)
     for _ in range(5):
-        chooser.update("lookup", None, 4)
-        chooser.update("domino", None, 0)
-    assert chooser.span_first()
+        chooser.update(_step("lookup", 4, span=[1, 2, 3, 4]), 3, None, [1, 2, 3, 9])
+        chooser.update(_step("domino", 4), 0, None, [0])
+    assert chooser.span_first(4)
 
     target, draft, _ = fitted_pair("llama", vocab_size=32)
     calls = []
@@ -212,3 +246,48 @@ def test_spans_go_first_without_drafting_when_they_win_by_far(fitted_pair, monke
     ids = torch.cat([passage_prompt(32)] * 3, dim=1)  # the passage three times: copying is right
     _, stats = greedy_both(target, draft, ids, max_new_tokens=40)
     assert stats.source_counts()["lookup"] > 0 and len(calls) < stats.num_steps
+
+
+def test_shadow_accepted_is_the_common_prefix_with_the_verified_tokens():
+    from domino_hf.modeling.generation_domino import shadow_accepted
+
+    verified = [5, 6, 7]  # accepted tokens + bonus
+    assert shadow_accepted([5, 6, 9, 9], verified) == 2
+    assert shadow_accepted([4, 6], verified) == 0
+    assert shadow_accepted([5, 6, 7, 8], verified) == 3  # as far as the verified tokens show
+    assert shadow_accepted([5], verified) == 1
+
+
+def test_a_whole_accepted_span_means_a_copy_is_under_way():
+    from domino_hf.modeling.generation_domino import SourceChooser
+
+    chooser = SourceChooser(max_span=10)
+    chooser.domino_average = 20.0  # blocks do well lately: only the copy rule can put spans first
+    chooser.update(_step("lookup", 10), 10, None, [])
+    assert chooser.span_first(10)
+    chooser.update(_step("lookup", 10), 3, None, [])  # the copy ended
+    assert not chooser.span_first(10)
+    chooser.update(_step("lookup", 2), 2, None, [])
+    chooser.update(_step("domino", 4, predicted=1.0), 4, None, [])  # a block in between ends it too
+    assert not chooser.span_first(10)
+    chooser.update(_step("none", 0), 0, None, [])  # nothing sent is no copy
+    assert not chooser.span_first(10)
+
+
+def test_blocks_that_lose_to_spans_are_scored_and_backed_off(monkeypatch):
+    """A draft that is never right, on a prompt where spans win: its blocks are compared with the target's
+    tokens on span steps (shadow), which feeds the back-off, so it is paused instead of running unseen on every
+    span step."""
+    target = make_tiny_target("llama", vocab_size=64)
+    produced = set()
+    ids = torch.cat([passage_prompt(64)] * 2, dim=1)
+    produced.update(target.generate(ids, do_sample=False, max_new_tokens=48)[0, ids.shape[1] :].tolist())
+    draft = make_tiny_draft(target, draft_vocab_ids=sorted(set(range(64)) - produced))  # never right
+    gains = []
+    original = DraftBackoff.update
+    monkeypatch.setattr(DraftBackoff, "update", lambda self, gain: gains.append(gain) or original(self, gain))
+    _, stats = greedy_both(target, draft, ids, max_new_tokens=48)
+    lookup_with_draft = [r for r, s in zip(stats.draft_runs, stats.sources) if s == "lookup" and r]
+    assert lookup_with_draft and max(gains) <= 0  # span steps where the draft ran fed the back-off
+    assert len(gains) == sum(stats.draft_runs)  # every draft run is accounted for
+    assert sum(stats.draft_runs) < stats.num_steps / 2
