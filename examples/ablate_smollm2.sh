@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Recipe ablations for the SmolLM2 draft (issue 11), one lever at a time against `base`. Every arm trains from
+# the same cached context features for the same number of steps; its held-out τ is then measured by real
+# greedy decoding (`domino bench`: block only, and DFlash mode with the same weights) on the five prompt sets
+# no draft is trained on. Resumable: rerun and unfinished arms continue from their newest checkpoint, finished
+# ones are skipped. `python examples/ablation_table.py` prints the table for docs/training.md.
+#   ARMS="base block8" STEPS=600 bash examples/ablate_smollm2.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
+DATA="${DATA:-$CACHE/data/round1.jsonl}"
+FEATURES="${FEATURES:-$CACHE/features/round1-l1-14-27}"
+OUT="${OUT:-$CACHE/ablations}"
+STEPS="${STEPS:-600}"
+ARMS="${ARMS:-base block8 init_target layers3 gamma_wide}"
+EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
+EVAL_PROMPTS="${EVAL_PROMPTS:-4}"   # per set
+EVAL_TOKENS="${EVAL_TOKENS:-64}"
+
+arm_options() {  # the lever each arm changes; everything else is the shipped recipe
+  case "$1" in
+    base) echo "--block-size 4 --num-layers 2 --init random" ;;
+    block8) echo "--block-size 8 --num-layers 2 --init random" ;;
+    init_target) echo "--block-size 4 --num-layers 2 --init target-layers" ;;
+    layers3) echo "--block-size 4 --num-layers 3 --init random" ;;
+    gamma_wide) echo "--block-size 4 --num-layers 2 --init random --gamma 8" ;;
+    *) echo "unknown arm $1" >&2; exit 2 ;;
+  esac
+}
+
+for arm in $ARMS; do
+  run="$OUT/$arm"
+  if [ ! -f "$run/final/config.json" ]; then
+    mkdir -p "$run"
+    # shellcheck disable=SC2046
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data "$DATA" --features "$FEATURES" $(arm_options "$arm") \
+      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 \
+      --save-steps 100 --logging-steps 50 --seed 0 --resume
+  fi
+  if [ ! -f "$run/eval/heldout.json" ]; then
+    domino bench --target smollm2 --draft "$run/final" --methods autoregressive,domino_no_lookup,dflash \
+      --prompts "$EVAL_SETS" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
+      --no-plots --no-progress --overwrite_output_dir
+  fi
+done
