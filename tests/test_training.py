@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 from domino_hf.training.dataset import AnchorCollator, RegenDataset, build_draft_vocab
 from domino_hf.training.export import export_draft
 from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
-from domino_hf.training.trainer import last_complete_checkpoint
+from domino_hf.training.checkpoint import last_complete_checkpoint
 from domino_hf.training.train import TrainSettings, build_draft, train_draft
 
 sys.path.insert(0, str(Path(__file__).parent))

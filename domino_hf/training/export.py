@@ -12,13 +12,13 @@ import json
 import logging
 from pathlib import Path
 
-import torch
 
 from ..cli_common import HelpFormatter
+from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..modeling import DominoDraftModel
 from ..targets import SMOLLM2_DESCRIPTION, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME
 from ..utils import looks_like_local_path
-from .trainer import last_complete_checkpoint
+from .checkpoint import SUMMARY, resolve_draft_folder
 
 logger = logging.getLogger(__name__)
 
@@ -147,21 +147,8 @@ def hub_base_model(config, base_model: str | None = None) -> str | None:
     return None
 
 
-def resolve_draft_folder(path) -> Path:
-    """A run folder (its `final/`, else its newest complete checkpoint) or a draft folder itself."""
-    path = Path(path)
-    if (path / "config.json").exists() and (path / "model.safetensors").exists():
-        return path
-    if (path / "final" / "config.json").exists():
-        return path / "final"
-    checkpoint = last_complete_checkpoint(path)
-    if checkpoint:
-        return Path(checkpoint)
-    raise FileNotFoundError(f"{path} holds no draft: expected config.json + model.safetensors, a final/ folder, or checkpoints.")
-
-
 def _training_section(folder: Path) -> str:
-    summary_path = folder / "training_summary.json"
+    summary_path = folder / SUMMARY
     if not summary_path.exists():
         return "Not recorded in this folder."
     summary = json.loads(summary_path.read_text())
@@ -249,7 +236,7 @@ def export_draft(source, out, dtype="float16", repo_id=None, push=False, private
     `<your-username>/<folder name>`. `base_model` (a Hub id) and `datasets` (Hub ids of the prompt sources)
     go into the card's metadata."""
     folder = resolve_draft_folder(source)
-    draft = DominoDraftModel.from_pretrained(folder, dtype=getattr(torch, dtype))
+    draft = DominoDraftModel.from_pretrained(folder, dtype=torch_dtype(dtype))
     if published_dialect and draft.config.draft_vocab_ids is not None:
         raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)  # before writing anything: no half-exported folder
     hub_base_model(draft.config, base_model)  # a bad --base-model fails before anything is written, too
@@ -309,7 +296,7 @@ def register(subparsers) -> None:
     )
     parser.add_argument("source", help="Run folder (uses final/ or the newest complete checkpoint) or draft folder.")
     parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Output folder.")
-    parser.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"], help="Weight dtype (upcast at load for fp32 runs).")
+    parser.add_argument("--dtype", default="float16", choices=DTYPE_NAMES, help="Weight dtype (upcast at load for fp32 runs).")
     hub = parser.add_argument_group("Hub")
     hub.add_argument("--push_to_hub", action="store_true", help="Upload the folder to --hub_model_id (token from HF_TOKEN or `hf auth login`).")
     hub.add_argument("--hub_model_id", default=None, metavar="REPO_ID", help="Hub repo the card's snippet loads and --push_to_hub uploads to (default: the --out folder's name in your namespace).")

@@ -27,8 +27,8 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES, torch_dtype
 from .decontaminate import BenchmarkFilter
-from .regen import DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def register(subparsers) -> None:
     parser.add_argument("--store", default="bfloat16", choices=STORES,
                         help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
                         "power-of-two scale per layer and example), float32 (exact, 4 bytes) (default: %(default)s).")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
                         "bf16 (default: %(default)s).")
     add_draft_arguments(parser)
@@ -218,7 +218,7 @@ def run(args) -> int:
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], **target_kwargs(args))
+        target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
         dataset = load_training_data(args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks())
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub

@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import (PromptRecord, PromptSet, add_chat_template_argument, chat_input_ids, read_prompts,
                     resolve_chat_template)
 from ..targets import load_target
@@ -28,7 +29,6 @@ from ..utils import require_paths
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def read_existing(out_path: str | Path) -> set[str]:
@@ -304,7 +304,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--stop", action="append", default=None, metavar="TEXT",
         help="End an answer at this text too (repeatable), e.g. --stop $'\\n\\n' for one paragraph of a base model "
         "(default: EOS only).")
-    add("--dtype", default="float32", choices=sorted(DTYPES),
+    add("--dtype", default="float32", choices=DTYPE_NAMES,
         help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU "
         "(default: %(default)s).")
     add("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: cuda if "
@@ -330,7 +330,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts, limit=args.limit)
         if args.chat_template not in ("auto", "none"):
             require_paths(chat_template=args.chat_template)
-        model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], device=device, **target_kwargs(args))
+        model, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=device, **target_kwargs(args))
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2

@@ -23,7 +23,8 @@ from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_train
 from .decontaminate import BenchmarkFilter
 from .features import CONFIG, FeatureStore, NonFiniteFeatures
 from .objective import DominoObjective
-from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining, last_complete_checkpoint
+from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
+from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +142,10 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     if resume:
         logger.info("Resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
-    final = os.path.join(settings.output_dir, "final")
+    final = os.path.join(settings.output_dir, FINAL)
     if trainer.args.should_save:
         draft.save_pretrained(final)
-        with open(os.path.join(final, "training_summary.json"), "w", encoding="utf-8") as handle:
+        with open(os.path.join(final, SUMMARY), "w", encoding="utf-8") as handle:
             json.dump({"log_history": trainer.state.log_history, "examples": len(dataset), "skipped": dataset.skipped,
                        "response_tokens": dataset.num_response_tokens(), "settings": settings.__dict__}, handle, indent=1)
     return trainer
@@ -267,7 +268,7 @@ def run(args) -> int:
     except (NonFiniteTraining, NonFiniteFeatures) as err:
         logger.error("%s", err)
         return 3
-    logger.info("Final draft written to %s", os.path.join(args.out, "final"))
+    logger.info("Final draft written to %s", os.path.join(args.out, FINAL))
     return 0
 
 

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -21,27 +19,14 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
+from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .objective import curriculum_lambda
 
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = ".domino-complete"
-
 
 class NonFiniteTraining(RuntimeError):
     """Training produced a non-finite loss or gradient norm: stopped before the optimizer step used it."""
-
-
-def last_complete_checkpoint(output_dir) -> str | None:
-    """Newest `checkpoint-N` whose save finished (marker written after everything else)."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    done = [p for p in root.glob("checkpoint-*") if (p / COMPLETE_MARKER).exists() and p.name.split("-")[-1].isdigit()]
-    for partial in set(root.glob("checkpoint-*")) - set(done):
-        logger.warning("Removing incomplete checkpoint %s (the run was killed while saving it)", partial)
-        shutil.rmtree(partial, ignore_errors=True)
-    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
 
 
 class EpochCallback(TrainerCallback):
@@ -161,13 +146,13 @@ class DominoTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         draft = self.accelerator.unwrap_model(model or self.model).draft
-        state = load_file(os.path.join(resume_from_checkpoint, "model.safetensors"))
+        state = load_file(os.path.join(resume_from_checkpoint, WEIGHTS))
         draft.load_state_dict(state, strict=True)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            (checkpoint / COMPLETE_MARKER).write_text(str(self.state.global_step))
+            checkpoint = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+            mark_complete(checkpoint, self.state.global_step)
             if self.tau_probe is not None:
                 self.log({"probe_tau": self.tau_probe(self.accelerator.unwrap_model(self.model).draft)})
