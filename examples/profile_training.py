@@ -24,9 +24,9 @@ from collections import defaultdict
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, TrainerCallback
 
-import domino_hf.training.train as train_module
+import domino_hf.training.recipe as train_module
 from domino_hf.training.dataset import RegenDataset, RegenExample
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.training.trainer import DominoTrainer
 
 SECONDS: dict[str, list[float]] = defaultdict(list)  # wall seconds; "<name>_cpu": CPU seconds of this process

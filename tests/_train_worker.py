@@ -9,7 +9,7 @@ import sys
 import torch
 
 from domino_hf.training.dataset import RegenDataset
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
 
 def tiny_target():

@@ -123,7 +123,7 @@ def test_for_target_sizes_the_head_and_copies_token_ids():
 
 
 def test_train_sizes_a_derived_draft_by_the_same_rule(tiny_llama):
-    from domino_hf.training.train import build_draft
+    from domino_hf.training.recipe import build_draft
 
     target, tokenizer = tiny_llama  # 32 wide
     draft = build_draft(target, tokenizer)

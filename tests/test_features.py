@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.features import (CONFIG, META, STORES, FeatureStore, NonFiniteFeatures, decode, encode,
                                          extract_features)
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.training.trainer import NonFiniteTraining
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -16,7 +16,7 @@ from domino_hf.training.dataset import AnchorCollator, RegenDataset, build_draft
 from domino_hf.training.export import export_draft
 from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
 from domino_hf.training.checkpoint import last_complete_checkpoint
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_worker import tiny_target  # noqa: E402
@@ -127,7 +127,7 @@ def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeyp
         settings = TrainSettings(output_dir=str(out), max_steps=10, batch_size=4, num_anchors=8,
                                  learning_rate=3e-3, save_steps=4, logging_steps=5, resume=resume)
         if stop_at:  # simulate the kill: stop right after the step-4 checkpoint
-            from domino_hf.training import train as train_module
+            from domino_hf.training import recipe as train_module
 
             original = train_module.DominoTrainer
 

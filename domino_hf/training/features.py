@@ -182,7 +182,7 @@ class FeatureStore:
 
 
 def register(subparsers) -> None:
-    from .train import add_draft_arguments
+    from .recipe import add_draft_arguments
 
     parser = subparsers.add_parser(
         "features",
@@ -214,7 +214,7 @@ def run(args) -> int:
     from ..targets import load_target
     from ..utils import require_paths
     from .dataset import load_training_data
-    from .train import config_from_args
+    from .recipe import config_from_args
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)

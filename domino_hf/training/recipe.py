@@ -1,4 +1,4 @@
-"""`domino train`: from a target and regenerated data to a trained Domino draft.
+"""The training recipe and the `domino train` subcommand: from a target and regenerated data to a trained draft.
 
 Runs unchanged as one CPU process (`domino train …`) or N processes (`accelerate launch -m domino_hf.train …`,
 `torchrun --nproc_per_node N -m domino_hf.train …`): `Trainer` picks up the distributed environment.
