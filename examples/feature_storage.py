@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from domino_hf.modeling import DominoDraftModel, DominoTargetHead
+from domino_hf.modeling.target_domino import target_context_features
 from domino_hf.targets import load_target
 from domino_hf.training.dataset import AnchorCollator, RegenDataset
 from domino_hf.training.features import STORES, decode, encode
@@ -31,10 +32,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def fp32_features(target, layer_ids, sequences):
-    hidden_ids = [i + 1 for i in layer_ids]
     with torch.no_grad():
-        out = [target.model(torch.tensor([seq]), output_hidden_states=hidden_ids) for seq in sequences]
-    return [torch.cat([o.hidden_states[i] for i in hidden_ids], dim=-1)[0].float() for o in out]
+        return [target_context_features(target, torch.tensor([seq]), None, layer_ids)[0].float() for seq in sequences]
 
 
 def storage_errors(features, num_layers, store):
@@ -51,8 +50,7 @@ def storage_errors(features, num_layers, store):
 def draft_metrics(target, draft, dataset, features):
     """Teacher-forced metrics of `draft` at fixed anchors, reading `features` as the context."""
     head = DominoTargetHead(target, draft.config)
-    trainer = types.SimpleNamespace(model=types.SimpleNamespace(draft=draft), target=target, target_head=head,
-                                    layer_ids=[i + 1 for i in draft.config.target_layer_ids])
+    trainer = types.SimpleNamespace(model=types.SimpleNamespace(draft=draft), target=target, target_head=head)
     collate = AnchorCollator(draft.config, num_anchors=16, seed=0)
     objective = DominoObjective(draft).eval()
     totals, count = {}, 0

@@ -25,6 +25,7 @@ import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, TrainerCallback
 
 import domino_hf.training.recipe as train_module
+from domino_hf.modeling.target_domino import target_context_features
 from domino_hf.training.dataset import RegenDataset, RegenExample
 from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.training.trainer import DominoTrainer
@@ -114,12 +115,12 @@ def main() -> None:
         overrides["draft_vocab_ids"] = list(range(args.draft_vocab_size))
     draft = build_draft(target, None, **overrides)
     if args.features:  # what `domino features` would have stored: computed once here, outside the timing
-        layer_ids = [i + 1 for i in draft.config.target_layer_ids]
         cache = {}
         with torch.no_grad():
             for i, example in enumerate(examples):
-                out = target.model(torch.tensor([example.prompt_ids + example.response_ids]), output_hidden_states=layer_ids)
-                cache[i] = torch.cat([out.hidden_states[j] for j in layer_ids], dim=-1)[0].to(torch.bfloat16)
+                ids = torch.tensor([example.prompt_ids + example.response_ids])
+                features = target_context_features(target, ids, None, draft.config.target_layer_ids)
+                cache[i] = features[0].to(torch.bfloat16)
         dataset.features = type("Store", (), {"get": lambda self, index, length: cache[index]})()
 
     backbone = []

@@ -111,11 +111,9 @@ def test_block_longer_than_generation():
 # ---------------------------------------------------------------------------------- head, shift, vocabulary
 def test_head_on_and_off(fitted_pair, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
-    from domino_hf.modeling.target_domino import DominoHeadTables
-
     calls = []
-    original = DominoHeadTables.correction
-    monkeypatch.setattr(DominoHeadTables, "correction", lambda self, *a: calls.append(1) or original(self, *a))
+    original = type(draft).correction_from_parts
+    monkeypatch.setattr(type(draft), "correction_from_parts", lambda self, *a: calls.append(1) or original(self, *a))
     _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=16)
     assert calls and stats.tau > 1
     calls.clear()
@@ -301,8 +299,9 @@ def test_left_padded_prompt_and_dict_output_with_hidden_states(fitted_pair):
 @pytest.mark.parametrize("table_bytes", [0, 64 * 2**20])
 @pytest.mark.parametrize("subvocab", [False, True])
 def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, table_bytes, subvocab):
-    """The rollout (split W1, gate lookup table, one GRU step per token) gives exactly the logits of the
-    plain path the trainer uses: GRU over [anchor, d_1 …] from zero, then W2·SiLU(W1·[H ; S])."""
+    """The rollout (W1_H·H for all slots at once, gate lookup table, one GRU step per drafted token) gives
+    exactly the logits of the teacher-forced path the trainer uses: GRU over [anchor, d_1 …] from zero, then
+    W2·SiLU(W1·[H ; S])."""
     from transformers import GenerationConfig
     from transformers.generation.logits_process import LogitsProcessorList
 

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from ..modeling.target_domino import draft_vocab_map
+
 logger = logging.getLogger(__name__)
 
 
@@ -132,10 +134,7 @@ class AnchorCollator:
         self.num_anchors = num_anchors
         self.pad_token_id = pad_token_id
         self.seed = seed
-        self.vocab_map = None
-        if config.draft_vocab_ids is not None:
-            self.vocab_map = torch.full((config.vocab_size,), -1, dtype=torch.long)
-            self.vocab_map[torch.tensor(config.draft_vocab_ids)] = torch.arange(len(config.draft_vocab_ids))
+        self.vocab_map = draft_vocab_map(config.draft_vocab_ids, config.vocab_size)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         seqs = [f["prompt_ids"] + f["response_ids"] for f in features]

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..modeling.target_domino import target_context_features
 from .decontaminate import BenchmarkFilter
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,6 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         meta_path.write_text(json.dumps(meta, indent=1))
     if draft_config is not None:
         draft_config.to_json_file(out / CONFIG)
-    hidden_ids = [i + 1 for i in layer_ids]
     starts = [s for s in range(0, len(dataset), shard_size) if not (out / f"shard-{s:07d}.safetensors").exists()]
     tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples)
     bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True)
@@ -118,9 +118,8 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
             for row, seq in enumerate(seqs):
                 input_ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
-            outputs = target.base_model(input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
-                                        output_hidden_states=hidden_ids)
-            features = torch.cat([outputs.hidden_states[i] for i in hidden_ids], dim=-1).float().cpu()  # (b, L, n·H)
+            features = target_context_features(target, input_ids.to(target.device), mask.to(target.device),
+                                               layer_ids).float().cpu()  # (b, L, n·H)
             for row, (index, seq) in enumerate(zip(batch, seqs)):
                 check_finite(features[row, : len(seq)], layer_ids, f"example {index} of {dataset.source}",
                              "the target overflows in this --dtype; extract with --dtype float32.")

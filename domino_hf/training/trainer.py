@@ -19,6 +19,7 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
+from ..modeling.target_domino import target_context_features
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .objective import curriculum_lambda
 
@@ -50,7 +51,6 @@ class DominoTrainer(Trainer):
             restore_stock_kernels(draft)
             logger.warning("The draft ran optimize_for_cpu kernels; restored stock kernels for training.")
         self.target_head = DominoTargetHead(self.target, draft.config, device=self.args.device)
-        self.layer_ids = [i + 1 for i in draft.config.target_layer_ids]
         self.use_curriculum = use_curriculum
         self.tau_probe = tau_probe
         self._metric_sums: dict[str, float] = {}
@@ -66,15 +66,12 @@ class DominoTrainer(Trainer):
         if "context_hidden" in inputs:  # cached by `domino features`
             context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
         else:
-            out = self.target.base_model(
-                input_ids=input_ids, attention_mask=inputs["attention_mask"], output_hidden_states=self.layer_ids
-            )
-            context_hidden = torch.cat([out.hidden_states[i] for i in self.layer_ids], dim=-1)  # (b, L, n·H)
+            context_hidden = target_context_features(
+                self.target, input_ids, inputs["attention_mask"], config.target_layer_ids
+            )  # (b, L, n·H)
         b, num_anchors = anchors.shape
-        anchor_ids = input_ids.gather(1, anchors)  # (b, A)
-        block_ids = torch.full((b, num_anchors, config.block_size), config.mask_token_id, device=input_ids.device)
-        block_ids[:, :, 0] = anchor_ids
-        block_embeds = self.target_head.embed(block_ids).reshape(b, num_anchors * config.block_size, -1)
+        block_embeds = self.target_head.block_embeds(input_ids.gather(1, anchors))  # (b, A, B, H)
+        block_embeds = block_embeds.reshape(b, num_anchors * config.block_size, -1)
         label_embeds = None
         if config.use_domino_head:
             steps = torch.arange(config.num_draft_tokens, device=input_ids.device)
