@@ -19,6 +19,7 @@ from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
+from ..modeling.generation_domino import acceptance_length
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
 from .features import CONFIG, FeatureStore, NonFiniteFeatures
@@ -283,14 +284,12 @@ def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens, chat_
     def probe(draft) -> float:
         was_training = draft.training
         draft.eval()
-        accepted = steps = 0
+        accepted = []
         for input_ids in prompts:
             target.generate(input_ids.to(target.device), assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
-            stats = draft.last_generation_stats
-            accepted += sum(stats.accepted)
-            steps += stats.num_steps
+            accepted += draft.last_generation_stats.accepted
         draft.train(was_training)
-        return round((accepted + steps) / max(steps, 1), 4)
+        return round(acceptance_length(accepted) or 0.0, 4)
 
     return probe
 

@@ -36,6 +36,12 @@ from .target_domino import (
 logger = logging.getLogger(__name__)
 
 
+def acceptance_length(accepted) -> float | None:
+    """τ, the one definition (generation stats, benchmark, training probe): tokens produced per target verify
+    forward, bonus token included, from the draft tokens accepted at each step; None without any step."""
+    return (sum(accepted) + len(accepted)) / len(accepted) if len(accepted) else None
+
+
 # Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length for
 # drafts saved before `DominoConfig.context_lookup_tokens` existed.
 DEFAULT_LOOKUP_TOKENS = 10
@@ -80,7 +86,7 @@ class DominoGenerationStats:
     @property
     def tau(self) -> float:
         """Mean acceptance length: tokens produced per target verify forward, bonus token included."""
-        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+        return acceptance_length(self.accepted) or 0.0
 
     def source_counts(self) -> dict[str, int]:
         return {source: self.sources.count(source) for source in ("domino", "lookup", "none")}
