@@ -36,10 +36,16 @@ def fp32_features(target, layer_ids, sequences):
         return [target_context_features(target, torch.tensor([seq]), None, layer_ids)[0].float() for seq in sequences]
 
 
+def relative_error(restored, features) -> float:
+    """‖restored − features‖ / ‖features‖ over all examples together."""
+    squared = sum((r - f).norm() ** 2 for r, f in zip(restored, features))
+    return float(squared**0.5 / sum(f.norm() ** 2 for f in features) ** 0.5)
+
+
 def storage_errors(features, num_layers, store):
     stored = [encode(f, num_layers, store) for f in features]
     restored = [decode(s, num_layers).float() for s in stored]
-    error = sum((r - f).norm() ** 2 for r, f in zip(restored, features)) ** 0.5 / sum(f.norm() ** 2 for f in features) ** 0.5
+    error = relative_error(restored, features)
     values = sum(f.numel() for f in features)
     size = sum(t.numel() * t.element_size() for s in stored for t in s.values())
     return restored, {"store": store, "relative_error": float(error), "bytes_per_value": round(size / values, 4),
@@ -73,18 +79,21 @@ def main() -> None:
     args = parser.parse_args()
 
     target, _ = load_target("smollm2")
-    draft = DominoDraftModel.from_pretrained(REPO / "drafts" / "smollm2-135m-instruct-domino", dtype=torch.float32).eval()
+    shipped = REPO / "drafts" / "smollm2-135m-instruct-domino"
+    draft = DominoDraftModel.from_pretrained(shipped, dtype=torch.float32).eval()
     dataset = RegenDataset.from_jsonl(args.data, max_length=512, limit=args.num)
     sequences = [e.prompt_ids + e.response_ids for e in dataset.examples]
     layer_ids = draft.config.target_layer_ids
     features = fp32_features(target, layer_ids, sequences)
     reference = draft_metrics(target, draft, dataset, features)
-    print(json.dumps({"target": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", "store": "fp32 (reference)", **reference}))
+    print(
+        json.dumps({"target": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", "store": "fp32 (reference)",
+                    **reference}),
+    )
     for store in ("float16-plain", *STORES):
         if store == "float16-plain":  # what domino-hf stored before: no scale
             restored = [f.half().float() for f in features]
-            row = {"store": store, "relative_error": float(sum((r - f).norm() ** 2 for r, f in zip(restored, features)) ** 0.5
-                                                          / sum(f.norm() ** 2 for f in features) ** 0.5)}
+            row = {"store": store, "relative_error": relative_error(restored, features)}
         else:
             restored, row = storage_errors(features, len(layer_ids), store)
         print(json.dumps({"target": "SmolLM2", **row, **draft_metrics(target, draft, dataset, restored)}))

@@ -1,4 +1,5 @@
-"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Training on a big-vocabulary target").
+"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Training on a
+big-vocabulary target").
 
     python examples/profile_training.py [--vocab 262144] [--draft-vocab-size K] [--features] [--steps 4]
 
@@ -153,7 +154,9 @@ def main() -> None:
             f"step{suffix}_s": round(mean("step" + suffix), 3),
             f"target_forward_and_embeddings{suffix}_s": round(target_s, 3),
             f"draft_backbone_forward{suffix}_s": round(mean("draft_backbone" + suffix), 3),
-            f"vocab_sized_forward{suffix}_s": round(mean("compute_loss" + suffix) - target_s - mean("draft_backbone" + suffix), 3),
+            f"vocab_sized_forward{suffix}_s": round(
+                mean("compute_loss" + suffix) - target_s - mean("draft_backbone" + suffix), 3
+            ),
             f"backward{suffix}_s": round(mean("training_step" + suffix) - mean("compute_loss" + suffix), 3),
             f"optimizer_step{suffix}_s": round(mean("optimizer_step" + suffix), 3),
         })

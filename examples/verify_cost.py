@@ -137,7 +137,9 @@ def main() -> None:
             for bench in benches:
                 bench.forward(k)
 
-    print(f"\n{'kernels':>10} " + " ".join(f"{k:>7}" for k in lengths) + "   (ms per forward, then × a 1-token forward)")
+    print(
+        f"\n{'kernels':>10} " + " ".join(f"{k:>7}" for k in lengths) + "   (ms per forward, then × a 1-token forward)",
+    )
     for bench in benches:
         costs = [1000 * statistics.median(bench.times[k]) for k in lengths]
         print(f"{bench.name:>10} " + " ".join(f"{c:7.1f}" for c in costs))

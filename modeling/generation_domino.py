@@ -268,8 +268,9 @@ def drafting_settings(config, generation_config) -> dict:
     """Per-call drafting settings: `generate`'s GenerationConfig first, then the draft's config.
 
     * `num_assistant_tokens` caps the tokens proposed per step, Domino block or lookup span (transformers'
-      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`; `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted
-      proposal and shrinks it by 1 otherwise, as transformers does for its assistants.
+      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`;
+      `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted proposal and
+      shrinks it by 1 otherwise, as transformers does for its assistants.
     * `assistant_confidence_threshold` drives the adaptive draft length when it differs from transformers'
       default 0.4; `generate` fills that default in before we see the config, so an explicit 0.4 cannot be
       told from an unset one, and the draft's `draft_confidence_threshold` applies then.
@@ -301,8 +302,9 @@ class DominoCandidateGenerator(CandidateGenerator):
     Each step it has two proposals: the Domino block and, when the sequence's last n-gram occurred before, the
     span that followed it (transformers' prompt lookup). It keeps the one with more expected accepted tokens
     under the draft's own probabilities, calibrated by past acceptance (`SourceChooser`), all computed before
-    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span is deterministic given the context, so its q
-    is one-hot. When the draft's blocks keep being rejected it backs off to plain steps (`DraftBackoff`).
+    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span
+    is deterministic given the context, so its q is one-hot. When the draft's blocks keep being rejected it
+    backs off to plain steps (`DraftBackoff`).
     """
 
     requires_model_outputs = True

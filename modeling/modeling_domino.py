@@ -68,7 +68,8 @@ class DominoRMSNorm(nn.Module):
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """Default RoPE tables for `position_ids` (b, n) -> cos, sin of shape (b, 1, n, head_dim)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    exponents = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (b, n, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (b, 1, n, head_dim)
     return emb.cos().to(dtype), emb.sin().to(dtype)

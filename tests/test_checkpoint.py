@@ -25,9 +25,10 @@ from safetensors.torch import load_file
 import domino_hf
 from domino_hf import DominoDraftModel
 
+from domino_hf.modeling import REMOTE_CODE_FILES as REMOTE_CODE
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-from domino_hf.modeling import REMOTE_CODE_FILES as REMOTE_CODE
 MODELING_DIR = Path(domino_hf.modeling.__file__).parent
 
 # Runs in a fresh interpreter (`python -I`, cwd outside the repo) where importing domino_hf fails.

@@ -102,7 +102,8 @@ def test_published_dialect_still_loads(tmp_path):
 
 @pytest.mark.parametrize(
     "hidden, gru, rank",
-    [(4096, 1024, 256), (2560, 1024, 256), (2048, 1024, 256), (576, 256, 256), (256, 128, 128), (64, 32, 32), (3, 1, 1)],
+    [(4096, 1024, 256), (2560, 1024, 256), (2048, 1024, 256), (576, 256, 256), (256, 128, 128), (64, 32, 32),
+     (3, 1, 1)],
 )
 def test_head_sizes_rule(hidden, gru, rank):
     assert head_sizes_for(hidden) == {"gru_hidden_dim": gru, "correction_rank": rank}

@@ -49,7 +49,8 @@ def test_static_cache(pair, cache):
         (dict(vocab_size=32), {}, "vocabulary 16 != target's LM head 32"),
         (dict(num_hidden_layers=8), {}, "built for 6 target layers, target has 8"),
         # (a config whose own fields disagree is refused at construction: tests/test_config_validation.py)
-        ({}, dict(num_target_layers=8, target_layer_ids=[1, 7]), r"target_layer_ids \[1, 7\] exceed the target's layers"),
+        ({}, dict(num_target_layers=8, target_layer_ids=[1, 7]),
+         r"target_layer_ids \[1, 7\] exceed the target's layers"),
         ({}, dict(vocab_size=32, mask_token_id=16), "mask_token_id 16 outside the target vocabulary"),
     ],
     ids=["hidden_size", "draft_hidden_size", "vocab", "num_target_layers", "target_layer_ids", "mask_token_id"],

@@ -315,7 +315,9 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     draft = copy.deepcopy(shared_draft)  # the fitted pair is shared by other tests
     if subvocab:
         draft.config.draft_vocab_ids = list(range(0, target.config.vocab_size, 2))
-        draft.embed_proj[2] = torch.nn.Linear(draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False)
+        draft.embed_proj[2] = torch.nn.Linear(
+            draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False,
+        )
     config = GenerationConfig(do_sample=True, max_length=64)
     generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0])
     n = draft.config.num_draft_tokens
@@ -341,7 +343,9 @@ def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_p
     n = draft.config.num_draft_tokens
     assert all(max(s.drafted) == n for s in full)
     assert any(d < n for s in short for d in s.drafted)
-    rate = lambda stats: sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
+    def rate(stats):
+        return sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
+
     assert rate(short) >= rate(full)  # the tail it skips is the unlikely part
 
 
@@ -358,7 +362,8 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
     changes what is proposed: the fp32 target's verification keeps the output identical, and the fitted draft
     still gets accepted."""
     vocab = _produced_tokens(make_tiny_target("llama"), tiny_prompts(2)) if draft_vocab_ids else None
-    target, draft, prompts = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
+    pair = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
+    target, draft, prompts = pair
     draft = draft.to(torch.bfloat16)
     generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0])
     assert generator.head.weight.dtype == torch.bfloat16

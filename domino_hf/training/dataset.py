@@ -76,7 +76,10 @@ class RegenDataset(Dataset):
             logger.warning("Skipped %d malformed or unusable lines in %s", skipped, paths)
         if excluded:
             logger.warning("Dropped %d record(s) whose prompt overlaps a benchmark prompt", excluded)
-        logger.info("Loaded %d training examples (%d response tokens)", len(examples), sum(len(e.response_ids) for e in examples))
+        logger.info(
+            "Loaded %d training examples (%d response tokens)", len(examples),
+            sum(len(e.response_ids) for e in examples),
+        )
         return cls(examples=examples, skipped=skipped, source=str(paths), max_length=max_length)
 
     def __len__(self) -> int:
@@ -84,7 +87,8 @@ class RegenDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         example = self.examples[index]
-        item = {"index": index, "epoch": self.epoch, "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
+        item = {"index": index, "epoch": self.epoch,
+                "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
         if self.features is not None:
             item["features"] = self.features.get(index, len(example.prompt_ids) + len(example.response_ids))
         return item

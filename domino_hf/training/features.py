@@ -164,7 +164,9 @@ class FeatureStore:
         start = (index // self.meta["shard_size"]) * self.meta["shard_size"]
         if start not in self._handles:
             if not self._shard(start).exists():
-                raise ValueError(f"no features for example {index} in {self.directory}: run `domino features` to finish.")
+                raise ValueError(
+                    f"no features for example {index} in {self.directory}: run `domino features` to finish."
+                )
             handle = safe_open(str(self._shard(start)), framework="pt")
             self._handles[start] = handle, set(handle.keys())
         handle, names = self._handles[start]
@@ -193,11 +195,23 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     add_target_arguments(parser)
-    parser.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Feature folder (shards, features.json, draft_config.json).")
-    parser.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Same truncation as `domino train`.")
+    parser.add_argument(
+        "--data", "--train_file", dest="data", nargs="+", required=True,
+        help="JSONL file(s) written by `domino regen`.",
+    )
+    parser.add_argument(
+        "--out", "--output_dir", dest="out", required=True,
+        help="Feature folder (shards, features.json, draft_config.json).",
+    )
+    parser.add_argument(
+        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
+        help="Same truncation as `domino train`.",
+    )
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples (default: all).")
-    parser.add_argument("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8, help="Sequences per target forward.")
+    parser.add_argument(
+        "--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8,
+        help="Sequences per target forward.",
+    )
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
     parser.add_argument("--store", default="bfloat16", choices=STORES,
                         help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
@@ -219,7 +233,9 @@ def run(args) -> int:
         require_paths(data=args.data, config=args.config)
         target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
-        dataset = load_training_data(args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks())
+        dataset = load_training_data(
+            args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks(),
+        )
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
         logger.error("%s", err)
         return 2

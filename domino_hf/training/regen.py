@@ -186,7 +186,8 @@ def regenerate(
     if seed is not None:
         torch.manual_seed(seed)
     pad_id, eos_ids = _special_ids(model.generation_config, tokenizer)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer, **_sampling_kwargs(temperature)}
+    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer,
+                       **_sampling_kwargs(temperature)}
     model.eval()
     start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="prompt", desc="regen") as bar:
@@ -202,9 +203,10 @@ def regenerate(
 
     summary = summarize(counts, time.perf_counter() - start, out_path)
     if summary["written"] and summary["finished"] < summary["written"] / 2:
-        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s", summary["written"] - summary["finished"],
-                       summary["written"], "" if stop or resolve_chat_template(tokenizer, chat_template) else
-                       " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
+        hint = "" if stop or resolve_chat_template(tokenizer, chat_template) else (
+            " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
+        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s",
+                       summary["written"] - summary["finished"], summary["written"], hint)
     return summary
 
 
@@ -285,7 +287,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--prompts", default="sharegpt", metavar="SOURCE",
         help="Prompt source: a JSONL/JSON file, `sharegpt`, `humaneval`, `mt_bench`, `alpaca`, `sum`, `qa`, or "
         "`hf:<dataset>[:split]`; the first user turn of each record is answered (default: %(default)s).")
-    add("--out", "--output_file", dest="out", required=True, metavar="FILE", help="Output JSONL file, appended to and created if missing.")
+    add(
+        "--out", "--output_file", dest="out", required=True, metavar="FILE",
+        help="Output JSONL file, appended to and created if missing.",
+    )
     add("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=24, metavar="N",
         help="Prompts generated together, left-padded (default: %(default)s).")
     add("--max-new-tokens", type=int, default=128, metavar="N",

@@ -113,7 +113,8 @@ class DominoTrainer(Trainer):
         """Raise `NonFiniteTraining` with the likely cause: bad context features, or a diverging run."""
         step = self.state.global_step + 1
         if context_hidden is not None and not bool(torch.isfinite(context_hidden).all()):
-            source = "the cached --features" if getattr(self.train_dataset, "features", None) is not None else "the target's forward"
+            cached = getattr(self.train_dataset, "features", None) is not None
+            source = "the cached --features" if cached else "the target's forward"
             cause = (f"the context features from {source} hold inf/NaN (e.g. hidden states beyond float16's range); "
                      "extract them again with `domino features` (bfloat16 storage) or train without --features")
         elif self.args.bf16 or self.args.fp16:

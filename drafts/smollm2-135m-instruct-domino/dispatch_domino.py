@@ -121,7 +121,8 @@ def install_generate_hook() -> None:
             raise ValueError(
                 f"The assistant model is a Domino/DFlash draft checkpoint loaded as a plain "
                 f"{type(assistant).__name__}, so its drafting code is missing. Load it with "
-                "`AutoModel.from_pretrained(path, trust_remote_code=True)` or `domino_hf.DominoDraftModel.from_pretrained(path)`."
+                "`AutoModel.from_pretrained(path, trust_remote_code=True)` or "
+                "`domino_hf.DominoDraftModel.from_pretrained(path)`."
             )
         return originals["_validate_generation_mode"](self, generation_mode, generation_config, generation_mode_kwargs)
 
