@@ -379,7 +379,8 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
 
 
 def test_generation_caches_never_keep_a_target_alive():
-    """The per-(draft, target) caches (target head, head tables) are weak on both sides."""
+    """The per-(draft, target) caches (target head, head tables) are weak on both sides: neither the target
+    nor the draft is kept alive by them."""
     import gc
     import weakref
 
@@ -393,6 +394,12 @@ def test_generation_caches_never_keep_a_target_alive():
     del target
     gc.collect()
     assert alive() is None and len(_GENERATION_CACHES[draft]) == 0
+    target = make_tiny_target("llama")
+    greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=8)
+    alive = weakref.ref(draft)
+    del draft
+    gc.collect()
+    assert alive() is None
 
 
 def test_float16_draft_projects_huge_target_states_without_overflow():

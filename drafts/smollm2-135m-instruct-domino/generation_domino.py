@@ -511,7 +511,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         if tables is not None:
             hidden_part = draft.correction_hidden_part(slot_hidden)  # (n, r): all slots in one matmul
             state = slot_hidden.new_zeros(1, self.config.gru_hidden_dim)
-            state = draft.gru_step(state, tables.input_gates(None, input_ids[:, -1]))  # anchor may be off-vocab
+            state = draft.gru_step(state, tables.input_gates(draft, None, input_ids[:, -1]))  # anchor: maybe off-vocab
         sequence = input_ids
         chosen, processed, probs = [], [], []
         chain = 1.0
@@ -547,7 +547,7 @@ class DominoCandidateGenerator(CandidateGenerator):
             chosen.append(token)
             processed.append(full_logits)
             if tables is not None and j + 1 < n:
-                state = draft.gru_step(state, tables.input_gates(index, token))
+                state = draft.gru_step(state, tables.input_gates(draft, index, token))
         if not chosen:
             return input_ids.new_zeros(1, 0), None, probs
         draft_ids = torch.cat(chosen, dim=1)

@@ -206,7 +206,7 @@ class DominoHeadTables:
     MAX_TABLE_BYTES = 64 * 2**20
 
     def __init__(self, draft, head: DominoTargetHead):
-        self.draft, self.head = draft, head
+        self.head = head  # never the draft itself: the cache holding these tables is keyed by it (weakly)
         rows = head.draft_vocab_ids
         gate_bytes = 3 * draft.config.gru_hidden_dim * draft.dtype.itemsize
         if rows is None and head.vocab_size * gate_bytes <= self.MAX_TABLE_BYTES:
@@ -220,8 +220,8 @@ class DominoHeadTables:
         key += (hash(tuple(draft.config.draft_vocab_ids or ())),)
         return cached_for(draft, target, "head_tables", key, lambda: cls(draft, head))
 
-    def input_gates(self, draft_index: torch.Tensor | None, target_id: torch.Tensor) -> torch.Tensor:
+    def input_gates(self, draft, draft_index: torch.Tensor | None, target_id: torch.Tensor) -> torch.Tensor:
         """W_ih · emb(token) -> (1, 3·Hg); `draft_index` None: a token outside the table (off the sub-vocabulary)."""
         if self.gate_table is not None and draft_index is not None:
             return self.gate_table[draft_index.reshape(1)]
-        return self.draft.head_input_gates(self.head.embed(target_id.reshape(1)))
+        return draft.head_input_gates(self.head.embed(target_id.reshape(1)))
