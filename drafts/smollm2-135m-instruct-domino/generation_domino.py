@@ -194,8 +194,9 @@ class SourceChooser:
     * Blocks are also scored on steps where a span won (`shadow_accepted`), so a draft that loses every step to
       spans learns that it does (`domino_average`, and the back-off) instead of running unseen on every step.
 
-    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ). Everything here is a function of the context and of past verify steps, never of a token
-    drawn for the step at hand: sampling stays exact.
+    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ).
+    Everything here is a function of the context and of past verify steps, never of a token drawn for the step
+    at hand: sampling stays exact.
     """
 
     def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
