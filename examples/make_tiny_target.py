@@ -36,14 +36,17 @@ def make_tokenizer(chat_template: bool = True) -> PreTrainedTokenizerFast:
     backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     backend.decoder = decoders.Fuse()
     roles = dict(zip(("unk_token", "pad_token", "bos_token", "eos_token"), SPECIALS))
-    return PreTrainedTokenizerFast(tokenizer_object=backend, chat_template=CHAT_TEMPLATE if chat_template else None, **roles)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, chat_template=CHAT_TEMPLATE if chat_template else None, **roles,
+    )
 
 
 def shape(tokenizer, init_std: float) -> dict:
     """The config fields both tiny targets share: 4 layers, 64 wide, the tokenizer's special ids."""
-    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                head_dim=16, max_position_embeddings=1024, initializer_range=init_std, bos_token_id=tokenizer.bos_token_id,
-                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, max_position_embeddings=1024, initializer_range=init_std,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
 
 
 def make_model(tokenizer, seed: int = 0, init_std: float = 0.15) -> LlamaForCausalLM:
@@ -77,7 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out_dir", help="Folder to write the model and tokenizer to.")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--init-std", type=float, default=0.15, help="Std of the random weights (default: %(default)s).")
+    parser.add_argument(
+        "--init-std", type=float, default=0.15, help="Std of the random weights (default: %(default)s).",
+    )
     parser.add_argument("--gemma3", action="store_true", help="A Gemma-3-style base model with a 262k vocabulary, "
                         "no chat template and hidden states beyond float16's range.")
     parser.add_argument("--massive", type=float, default=1e5, help="--gemma3: size of the massive channel.")

@@ -1,4 +1,5 @@
-"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Training on a big-vocabulary target").
+"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Training on a
+big-vocabulary target").
 
     python examples/profile_training.py [--vocab 262144] [--draft-vocab-size K] [--features] [--steps 4]
 
@@ -24,9 +25,10 @@ from collections import defaultdict
 import torch
 from transformers import Gemma3ForCausalLM, Gemma3TextConfig, TrainerCallback
 
-import domino_hf.training.train as train_module
+import domino_hf.training.recipe as train_module
+from domino_hf.modeling.target_domino import target_context_features
 from domino_hf.training.dataset import RegenDataset, RegenExample
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.training.trainer import DominoTrainer
 
 SECONDS: dict[str, list[float]] = defaultdict(list)  # wall seconds; "<name>_cpu": CPU seconds of this process
@@ -114,12 +116,12 @@ def main() -> None:
         overrides["draft_vocab_ids"] = list(range(args.draft_vocab_size))
     draft = build_draft(target, None, **overrides)
     if args.features:  # what `domino features` would have stored: computed once here, outside the timing
-        layer_ids = [i + 1 for i in draft.config.target_layer_ids]
         cache = {}
         with torch.no_grad():
             for i, example in enumerate(examples):
-                out = target.model(torch.tensor([example.prompt_ids + example.response_ids]), output_hidden_states=layer_ids)
-                cache[i] = torch.cat([out.hidden_states[j] for j in layer_ids], dim=-1)[0].to(torch.bfloat16)
+                ids = torch.tensor([example.prompt_ids + example.response_ids])
+                features = target_context_features(target, ids, None, draft.config.target_layer_ids)
+                cache[i] = features[0].to(torch.bfloat16)
         dataset.features = type("Store", (), {"get": lambda self, index, length: cache[index]})()
 
     backbone = []
@@ -152,7 +154,9 @@ def main() -> None:
             f"step{suffix}_s": round(mean("step" + suffix), 3),
             f"target_forward_and_embeddings{suffix}_s": round(target_s, 3),
             f"draft_backbone_forward{suffix}_s": round(mean("draft_backbone" + suffix), 3),
-            f"vocab_sized_forward{suffix}_s": round(mean("compute_loss" + suffix) - target_s - mean("draft_backbone" + suffix), 3),
+            f"vocab_sized_forward{suffix}_s": round(
+                mean("compute_loss" + suffix) - target_s - mean("draft_backbone" + suffix), 3
+            ),
             f"backward{suffix}_s": round(mean("training_step" + suffix) - mean("compute_loss" + suffix), 3),
             f"optimizer_step{suffix}_s": round(mean("optimizer_step" + suffix), 3),
         })

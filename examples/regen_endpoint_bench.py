@@ -40,7 +40,8 @@ def regen(args: argparse.Namespace, out: Path, prompts: Path, *extra: str, threa
     match = LOG_LINE.search(done.stderr)
     answers, finished, tokens, tok_s = int(match[1]), int(match[2]), int(match[3]), float(match[4])
     seconds = tokens / tok_s
-    return {"answers": answers, "finished": finished, "tokens": tokens, "seconds": seconds, "wall_s": time.perf_counter() - start}
+    return {"answers": answers, "finished": finished, "tokens": tokens, "seconds": seconds,
+            "wall_s": time.perf_counter() - start}
 
 
 def run_pair(args: argparse.Namespace, halves: list[Path], report) -> None:
@@ -108,7 +109,8 @@ def main() -> None:
     print("| run | answers | tokens | answers/s | tokens/s |\n|---|---|---|---|---|")
     stages = args.stages.split(",")
     hf_threads = [int(t) for t in args.hf_threads.split(",")]
-    for dtype, threads in [("bfloat16", t) for t in hf_threads] + [("float32", hf_threads[0])] if "hf" in stages else []:
+    hf_runs = [("bfloat16", t) for t in hf_threads] + [("float32", hf_threads[0])] if "hf" in stages else []
+    for dtype, threads in hf_runs:
         out = args.out / f"hf_{dtype}{'' if dtype == 'float32' else f'_t{threads}'}.jsonl"
         out.unlink(missing_ok=True)
         report(f"HF generate {dtype}, batch {args.hf_batch_size}, {threads} thread(s)",

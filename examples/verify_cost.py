@@ -27,6 +27,7 @@ import torch
 from transformers import DynamicCache
 
 from domino_hf.cpu_kernels import optimize_for_cpu
+from domino_hf.dtypes import DTYPE_NAMES, torch_dtype
 from domino_hf.targets import load_target
 
 
@@ -91,7 +92,7 @@ def main() -> None:
     )
     parser.add_argument("--target", default="smollm2", help="`smollm2`, a local folder or a Hub id")
     parser.add_argument("--kernels", default="stock,optimized", help="comma-separated: stock, optimized, compiled")
-    parser.add_argument("--dtype", default="float32", help="torch dtype of the target")
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES, help="torch dtype of the target")
     parser.add_argument("--tokens", default="1,2,3,4,5,8,9,16,17", help="comma-separated forward lengths")
     parser.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
     parser.add_argument("--repeats", type=int, default=15)
@@ -103,7 +104,7 @@ def main() -> None:
         parser.error(f"unknown kernel set(s) {sorted(unknown)}")
 
     base_rss = rss_mb()
-    model, _ = load_target(args.target, dtype=getattr(torch, args.dtype))
+    model, _ = load_target(args.target, dtype=torch_dtype(args.dtype))
     vocab = model.config.get_text_config().vocab_size
     print(f"target loaded: {rss_mb() - base_rss:.0f} MiB resident")
     benches = []
@@ -136,7 +137,9 @@ def main() -> None:
             for bench in benches:
                 bench.forward(k)
 
-    print(f"\n{'kernels':>10} " + " ".join(f"{k:>7}" for k in lengths) + "   (ms per forward, then × a 1-token forward)")
+    print(
+        f"\n{'kernels':>10} " + " ".join(f"{k:>7}" for k in lengths) + "   (ms per forward, then × a 1-token forward)",
+    )
     for bench in benches:
         costs = [1000 * statistics.median(bench.times[k]) for k in lengths]
         print(f"{bench.name:>10} " + " ".join(f"{c:7.1f}" for c in costs))

@@ -3,8 +3,8 @@ from transformers import AutoConfig, AutoModel
 
 from .configuration_domino import DominoConfig, DominoConfigError
 from .dispatch_domino import install_generate_hook, uninstall_generate_hook
-from .generation_domino import DominoCandidateGenerator, DominoContextCache
-from .modeling_domino import REMOTE_CODE_FILES, DominoDraftModel
+from .generation_domino import DominoCandidateGenerator
+from .modeling_domino import REMOTE_CODE_FILES, DominoContextCache, DominoDraftModel
 from .target_domino import DominoTargetHead
 
 # With domino_hf.modeling imported (any `from domino_hf import …` does it), Domino folders also load through the

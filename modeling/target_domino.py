@@ -1,8 +1,17 @@
 # Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
-"""The target as a Domino draft sees it: its frozen embedding and LM head, the fit check, and the head tables.
+"""The target as a Domino draft sees it: the one place that knows how the draft reads the target.
 
-Remote-code file (torch + transformers only). Drafting and training both go through `DominoTargetHead`, so
-the base logits a draft is trained against are the ones it drafts with (bias and soft-capping included).
+Remote-code file (torch + transformers only). Drafting, training, feature extraction, the benchmark and the
+tests all go through this module, so each convention is written once:
+
+* context features: which `output_hidden_states` entries hold target layer `i` (`i + 1`: entry 0 is the
+  embedding output) and how they are concatenated (`hidden_state_indices`, `context_features`);
+* the block layout: `[anchor, MASK, …]` at positions anchor … anchor+B-1, and which slots draft
+  (`block_token_ids`, `block_position_ids`, `draft_slots`: slot 0 is the anchor unless `shift_label`);
+* the vocabulary map between target ids and draft-vocabulary indices (`draft_vocab_map`);
+* the frozen embedding and LM head, bias and soft-capping included (`DominoTargetHead`), so the base logits
+  a draft is trained against are the ones it drafts with;
+* the fit check (`check_draft_fits_target`) and the generation-time head tables (`DominoHeadTables`).
 """
 
 from __future__ import annotations
@@ -40,6 +49,58 @@ def cached_for(draft, target, name: str, key: tuple, build):
     return saved[1]
 
 
+# ------------------------------------------------------------------------------------------ context features
+def hidden_state_indices(layer_ids) -> list[int]:
+    """The `output_hidden_states` entries holding target decoder layers `layer_ids` (entry 0 is the embedding
+    output, so layer i is entry i + 1): what a target forward is asked for."""
+    return [i + 1 for i in layer_ids]
+
+
+def context_features(hidden_states, layer_ids, length: int | None = None) -> torch.Tensor:
+    """A target forward's `hidden_states` -> (b, L, n_layers·H) context features: layers `layer_ids`
+    concatenated along features, for the first `length` positions (all when None)."""
+    return torch.cat([hidden_states[i][:, :length] for i in hidden_state_indices(layer_ids)], dim=-1)
+
+
+def target_context_features(target, input_ids, attention_mask, layer_ids) -> torch.Tensor:
+    """One forward of the target's base model (no LM head) over (b, L) `input_ids` -> (b, L, n_layers·H)."""
+    out = target.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=hidden_state_indices(layer_ids)
+    )
+    return context_features(out.hidden_states, layer_ids)
+
+
+# ---------------------------------------------------------------------------------------------- block layout
+def block_token_ids(anchor_ids: torch.Tensor, config) -> torch.Tensor:
+    """(…,) anchor ids -> (…, B) block `[anchor, MASK, …]`: what the backbone reads (as target embeddings)."""
+    block = anchor_ids.new_full((*anchor_ids.shape, config.block_size), config.mask_token_id)
+    block[..., 0] = anchor_ids
+    return block
+
+
+def block_position_ids(anchor_positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(…,) anchor positions -> (…, B) positions of the block's slots (the anchor's, then the next B-1)."""
+    return anchor_positions[..., None] + torch.arange(block_size, device=anchor_positions.device)
+
+
+def draft_slots(block_hidden: torch.Tensor, config) -> torch.Tensor:
+    """(…, B, H) backbone output of one block -> (…, n, H) of the slots that draft, in order: slot k predicts
+    the token at anchor + 1 + k with `shift_label` (Domino), else slot 0 is the anchor itself (DFlash)."""
+    first = 0 if config.shift_label else 1
+    return block_hidden[..., first : first + config.num_draft_tokens, :]
+
+
+# ------------------------------------------------------------------------------------------ vocabulary map
+def draft_vocab_map(draft_vocab_ids, vocab_size: int, device=None) -> torch.Tensor | None:
+    """(V,) target id -> draft-vocabulary index, -1 outside the sub-vocabulary; None for the full vocabulary."""
+    if draft_vocab_ids is None:
+        return None
+    ids = torch.as_tensor(draft_vocab_ids, dtype=torch.long, device=device)
+    vocab_map = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    vocab_map[ids] = torch.arange(len(ids), device=device)
+    return vocab_map
+
+
 class DominoTargetHead:
     """The target's frozen input embedding and LM head, as the draft uses them.
 
@@ -64,12 +125,8 @@ class DominoTargetHead:
         self.bias = None if bias is None else bias.detach().to(self.weight)
         self.vocab_size = lm_head.weight.shape[0]
         self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
-        self.vocab_map = None  # target id -> draft index (-1 outside the sub-vocabulary)
-        if self.draft_vocab_ids is not None:
-            self.vocab_map = torch.full((self.vocab_size,), -1, dtype=torch.long, device=self.weight.device)
-            self.vocab_map[self.draft_vocab_ids.to(self.weight.device)] = torch.arange(
-                len(self.draft_vocab_ids), device=self.weight.device
-            )
+        self.vocab_map = draft_vocab_map(config.draft_vocab_ids, self.vocab_size, self.weight.device)
+        self.config = config
 
     @classmethod
     def cached(cls, draft, target) -> "DominoTargetHead":
@@ -84,6 +141,10 @@ class DominoTargetHead:
         """(…,) ids -> (…, E) target input embeddings (including any scaling the target applies)."""
         return self.embed_tokens(token_ids.to(self.embed_tokens.weight.device))
 
+    def block_embeds(self, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """(…,) anchor ids -> (…, B, E) target embeddings of the blocks `[anchor, MASK, …]`."""
+        return self.embed(block_token_ids(anchor_ids, self.config))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(…, H) -> (…, V') float32 base logits over the draft vocabulary."""
         logits = F.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
@@ -92,6 +153,7 @@ class DominoTargetHead:
         return logits
 
     def to_draft_index(self, target_ids: torch.Tensor) -> torch.Tensor:
+        """Target ids -> draft-vocabulary indices (-1 outside the sub-vocabulary)."""
         return target_ids if self.vocab_map is None else self.vocab_map.to(target_ids.device)[target_ids]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
@@ -136,41 +198,30 @@ def check_draft_fits_target(config, target) -> None:
 
 
 class DominoHeadTables:
-    """What the head rollout can compute before its sequential loop, once per (draft, target) weights.
-
-    * W1 = [W1_H | W1_S]: the H-part for all slots is one matmul per step (`hidden_part`), so each sequential
-      token only adds the small S-part: W2 · SiLU(hidden_part_j + W1_S · S).
-    * GRU input gates W_ih · emb(token) of every draft-vocabulary token as a lookup table, when it fits in
-      `MAX_TABLE_BYTES` (a sub-vocabulary always does for typical sizes); else computed per token.
-    """
+    """The GRU input gates W_ih · emb(token) of every draft-vocabulary token, as a lookup table: one gather per
+    drafted token instead of an embedding lookup and a matmul. Built once per (draft, target) weights when it
+    fits in `MAX_TABLE_BYTES` (a sub-vocabulary always does for typical sizes); else gates are computed per
+    token. The head's math itself is the draft's (`DominoDraftModel.head_input_gates`, `gru_step`, …)."""
 
     MAX_TABLE_BYTES = 64 * 2**20
 
     def __init__(self, draft, head: DominoTargetHead):
-        hidden = draft.config.hidden_size
-        w1 = draft.embed_proj[0].weight  # (r, H + Hg)
-        self.w1_hidden, self.w1_state = w1[:, :hidden], w1[:, hidden:]
-        self.w2 = draft.embed_proj[2].weight  # (V', r)
-        self.w_ih = draft.prefix_gru.weight_ih_l0  # (3·Hg, E)
-        self.head = head
+        self.head = head  # never the draft itself: the cache holding these tables is keyed by it (weakly)
         rows = head.draft_vocab_ids
-        if rows is None and head.vocab_size * self.w_ih.shape[0] * self.w_ih.element_size() <= self.MAX_TABLE_BYTES:
-            rows = torch.arange(head.vocab_size, device=self.w_ih.device)
-        self.gate_table = None if rows is None else F.linear(head.embed(rows).to(self.w_ih), self.w_ih)  # (V', 3·Hg)
+        gate_bytes = 3 * draft.config.gru_hidden_dim * draft.dtype.itemsize
+        if rows is None and head.vocab_size * gate_bytes <= self.MAX_TABLE_BYTES:
+            rows = torch.arange(head.vocab_size, device=head.weight.device)
+        self.gate_table = None if rows is None else draft.head_input_gates(head.embed(rows))  # (V', 3·Hg)
 
     @classmethod
     def cached(cls, draft, target, head: DominoTargetHead) -> "DominoHeadTables":
         """Reuse the tables while neither the draft's head nor the target embedding changed (in place)."""
-        key = _weights_key(head.embed_tokens.weight, draft.prefix_gru.weight_ih_l0, draft.embed_proj[0].weight)
+        key = _weights_key(head.embed_tokens.weight, *draft.head_parameters())
         key += (hash(tuple(draft.config.draft_vocab_ids or ())),)
         return cached_for(draft, target, "head_tables", key, lambda: cls(draft, head))
 
-    def input_gates(self, draft_index: torch.Tensor, target_id: torch.Tensor) -> torch.Tensor:
-        """W_ih · emb(token) -> (1, 3·Hg)."""
+    def input_gates(self, draft, draft_index: torch.Tensor | None, target_id: torch.Tensor) -> torch.Tensor:
+        """W_ih · emb(token) -> (1, 3·Hg); `draft_index` None: a token outside the table (off the sub-vocabulary)."""
         if self.gate_table is not None and draft_index is not None:
             return self.gate_table[draft_index.reshape(1)]
-        return F.linear(self.head.embed(target_id.reshape(1)).to(self.w_ih), self.w_ih)
-
-    def correction(self, hidden_part: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """W2 · SiLU(W1_H·H + W1_S·S) for one slot: (1, r), (1, Hg) -> (1, V')."""
-        return F.linear(F.silu(torch.addmm(hidden_part, state, self.w1_state.t())), self.w2)
+        return draft.head_input_gates(self.head.embed(target_id.reshape(1)))

@@ -9,16 +9,16 @@ import sys
 import torch
 
 from domino_hf.training.dataset import RegenDataset
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
 
 def tiny_target():
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, initializer_range=0.3, bos_token_id=None, eos_token_id=None,
-                         pad_token_id=None)
+    config = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, initializer_range=0.3,
+                         bos_token_id=None, eos_token_id=None, pad_token_id=None)
     return LlamaForCausalLM(config).eval()
 
 

@@ -143,51 +143,30 @@ def assert_drafted(stats):
 
 
 def fit_tiny_draft(draft, target, prompts, new_tokens: int = 24, steps: int = 50, lr: float = 2e-2):
-    """Teach `draft` the target's greedy continuations of `prompts` (all the same length) with a few Adam
-    steps on every anchor at once: the base logits and, with the head, the teacher-forced corrected logits.
-    Returns the final loss. Memorisation is the point: drafting on these prompts then accepts tokens."""
-    import torch.nn.functional as F
-
+    """Teach `draft` the target's greedy continuations of `prompts` (all the same length): a few Adam steps of
+    the training objective (`DominoObjective`, the one `domino train` uses) on every anchor of every sequence
+    at once, base and corrected logits weighted equally. Returns the final loss. Memorisation is the point:
+    drafting on these prompts then accepts tokens."""
     from domino_hf import DominoTargetHead
+    from domino_hf.modeling.target_domino import target_context_features
+    from domino_hf.training.objective import DominoObjective
 
     config = draft.config
     head = DominoTargetHead(target, config)
-    n, block = config.num_draft_tokens, config.block_size
-    offset = 0 if config.shift_label else 1
+    n = config.num_draft_tokens
     with torch.no_grad():
         seqs = torch.cat([target.generate(p, max_new_tokens=new_tokens, do_sample=False) for p in prompts])  # (S, L)
-        states = target(seqs, output_hidden_states=True).hidden_states
-        context = torch.cat([states[i + 1] for i in config.target_layer_ids], dim=-1)  # (S, L, n·H)
-    length = seqs.shape[1]
-    pairs = [(s, a) for s in range(len(seqs)) for a in range(prompts[0].shape[1] - 1, length - n)]
-    rows, anchors = (torch.tensor(x) for x in zip(*pairs))  # (b,), (b,)
-    tokens = seqs[rows[:, None], anchors[:, None] + torch.arange(n + 1)]  # (b, n+1): anchor, then the labels
-    labels = tokens[:, 1:]
-    if head.draft_vocab_ids is not None:
-        labels = torch.searchsorted(head.draft_vocab_ids, labels.contiguous())
-    block_ids = torch.full((len(rows), block), config.mask_token_id)
-    block_ids[:, 0] = tokens[:, 0]
-    context_mask = torch.arange(length)[None] < anchors[:, None]  # context before the anchor only
-    mask = torch.cat([context_mask, torch.ones(len(rows), block, dtype=torch.bool)], dim=1)[:, None, None]
-    with torch.no_grad():
-        block_embeds, token_embeds = head.embed(block_ids), head.embed(tokens[:, :n])
-    inputs = dict(
-        block_embeds=block_embeds,
-        block_position_ids=anchors[:, None] + torch.arange(block),
-        target_hidden_states=context[rows],
-        context_position_ids=torch.arange(length)[None].expand(len(rows), length),
-        attention_mask=mask,
-    )
+        context = target_context_features(target, seqs, None, config.target_layer_ids)  # (S, L, n_layers·H)
+        anchors = torch.arange(prompts[0].shape[1] - 1, seqs.shape[1] - n).expand(len(seqs), -1)  # (S, A)
+        tokens = seqs[:, anchors[0, :, None] + torch.arange(n + 1)]  # (S, A, n+1): the anchor, then its labels
+        block_embeds = head.block_embeds(tokens[..., 0]).flatten(1, 2)  # (S, A·B, H)
+        label_embeds = head.embed(tokens[..., :n])  # (S, A, n, H): what the GRU reads
+    labels = head.to_draft_index(tokens[..., 1:])  # (S, A, n), -1 outside a sub-vocabulary
+    objective = DominoObjective(draft)
     optimizer = torch.optim.Adam(draft.parameters(), lr=lr)
     draft.train()
     for _ in range(steps):
-        hidden = draft(**inputs).last_hidden_state[:, offset : offset + n]  # (b, n, H)
-        base = head.logits(hidden)  # (b, n, V')
-        loss = F.cross_entropy(base.flatten(0, 1), labels.flatten())
-        if draft.has_domino_head:
-            k = config.pure_draft_prefix_len
-            corrected = base + draft.correction(hidden, draft.causal_states(token_embeds)).float()
-            loss = loss + F.cross_entropy(corrected[:, k:].flatten(0, 1), labels[:, k:].flatten())
+        loss = objective(context, block_embeds, label_embeds, anchors, labels, head, curriculum=0.5)["loss"]
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()

@@ -14,7 +14,8 @@ import torch
 from domino_hf.bench import BenchConfig, BenchPrompt, run_benchmark, write_report
 from domino_hf.bench import cli as bench_cli
 from domino_hf.bench import runner
-from domino_hf.bench.stats import histogram, per_position_acceptance, tau
+from domino_hf.bench.stats import histogram, per_position_acceptance
+from domino_hf.modeling.generation_domino import acceptance_length
 
 from conftest import make_tiny_target
 
@@ -140,7 +141,7 @@ def test_dflash_and_profile_switches_are_restored(bench_models, greedy_result):
 
 def test_stats_helpers_on_a_hand_example():
     drafted, accepted = [4, 4, 2, 4], [4, 0, 1, 2]
-    assert tau(accepted) == (7 + 4) / 4
+    assert acceptance_length(accepted) == (7 + 4) / 4
     rates, seen = per_position_acceptance(drafted, accepted)
     assert seen == [4, 4, 3, 3] and rates == [0.75, 0.5, 1 / 3, 1 / 3]
     assert histogram(accepted) == {"1": 1, "2": 1, "3": 1, "4": 0, "5": 1}
@@ -280,7 +281,8 @@ def test_cli_help_and_defaults():
     assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
     assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True
     assert bench_cli.cpu_cores() >= 1
-    assert bench_cli.choose_methods(None, None) == ["autoregressive", "prompt_lookup", "dflash", "domino_no_lookup", "domino"]
+    default = ["autoregressive", "prompt_lookup", "dflash", "domino_no_lookup", "domino"]
+    assert bench_cli.choose_methods(None, None) == default
     assert "assisted" in bench_cli.choose_methods(None, "some/assistant")
     with pytest.raises(SystemExit):
         _parse(["--help"])

@@ -25,9 +25,10 @@ from safetensors.torch import load_file
 import domino_hf
 from domino_hf import DominoDraftModel
 
+from domino_hf.modeling import REMOTE_CODE_FILES as REMOTE_CODE
+
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-from domino_hf.modeling import REMOTE_CODE_FILES as REMOTE_CODE
 MODELING_DIR = Path(domino_hf.modeling.__file__).parent
 
 # Runs in a fresh interpreter (`python -I`, cwd outside the repo) where importing domino_hf fails.
@@ -128,6 +129,13 @@ def test_remote_code_draft_next_to_domino_hf(tmp_path):
     draft = remote_class.from_pretrained(tmp_path).eval()
     assert type(draft) is not DominoDraftModel and type(draft).__module__.startswith("transformers_modules.")
     assert_drafted(greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=20)[1])
+    # Whichever copy installed the dispatch, each draft drafts with the generator shipped beside its class.
+    from domino_hf.modeling.dispatch_domino import candidate_generator_class
+
+    remote_package = type(draft).__module__.rpartition(".")[0]
+    assert candidate_generator_class(draft).__module__ == f"{remote_package}.generation_domino"
+    local = make_tiny_draft(target)
+    assert candidate_generator_class(local).__module__ == "domino_hf.modeling.generation_domino"
 
 
 @pytest.mark.parametrize("projector_type", ["domino", "causal_v5"])

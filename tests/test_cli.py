@@ -96,14 +96,18 @@ def test_train_answers_to_trainer_names_and_keeps_its_own():
 
 
 def test_export_push_options_both_ways():
-    new = _parse(["export", "run", "--output_dir", "x", "--push_to_hub", "--hub_model_id", "me/d", "--hub_private_repo"])
+    new = _parse(
+        ["export", "run", "--output_dir", "x", "--push_to_hub", "--hub_model_id", "me/d", "--hub_private_repo"],
+    )
     assert (new.out, new.push_to_hub, new.hub_model_id, new.private) == ("x", True, "me/d", True)
     old = _parse(["export", "run", "--out", "x", "--push-to-hub", "me/d"])
     assert (old.push_repo, old.push_to_hub) == ("me/d", False)
 
 
-@pytest.mark.parametrize("command, required", [("regen", ["--out", "o"]), ("features", ["--data", "d", "--config", "c", "--out", "o"]),
-                                               ("train", ["--data", "d", "--out", "o"]), ("bench", [])])
+@pytest.mark.parametrize("command, required", [
+    ("regen", ["--out", "o"]), ("features", ["--data", "d", "--config", "c", "--out", "o"]),
+    ("train", ["--data", "d", "--out", "o"]), ("bench", []),
+])
 def test_target_options_everywhere(command, required):
     args = _parse([command, *required, "--model_name_or_path", "me/t", "--trust_remote_code", "--revision", "v2",
                    "--token", "hf_x"])

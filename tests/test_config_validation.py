@@ -102,7 +102,8 @@ def test_published_dialect_still_loads(tmp_path):
 
 @pytest.mark.parametrize(
     "hidden, gru, rank",
-    [(4096, 1024, 256), (2560, 1024, 256), (2048, 1024, 256), (576, 256, 256), (256, 128, 128), (64, 32, 32), (3, 1, 1)],
+    [(4096, 1024, 256), (2560, 1024, 256), (2048, 1024, 256), (576, 256, 256), (256, 128, 128), (64, 32, 32),
+     (3, 1, 1)],
 )
 def test_head_sizes_rule(hidden, gru, rank):
     assert head_sizes_for(hidden) == {"gru_hidden_dim": gru, "correction_rank": rank}
@@ -123,7 +124,7 @@ def test_for_target_sizes_the_head_and_copies_token_ids():
 
 
 def test_train_sizes_a_derived_draft_by_the_same_rule(tiny_llama):
-    from domino_hf.training.train import build_draft
+    from domino_hf.training.recipe import build_draft
 
     target, tokenizer = tiny_llama  # 32 wide
     draft = build_draft(target, tokenizer)

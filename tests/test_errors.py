@@ -49,7 +49,8 @@ def test_static_cache(pair, cache):
         (dict(vocab_size=32), {}, "vocabulary 16 != target's LM head 32"),
         (dict(num_hidden_layers=8), {}, "built for 6 target layers, target has 8"),
         # (a config whose own fields disagree is refused at construction: tests/test_config_validation.py)
-        ({}, dict(num_target_layers=8, target_layer_ids=[1, 7]), r"target_layer_ids \[1, 7\] exceed the target's layers"),
+        ({}, dict(num_target_layers=8, target_layer_ids=[1, 7]),
+         r"target_layer_ids \[1, 7\] exceed the target's layers"),
         ({}, dict(vocab_size=32, mask_token_id=16), "mask_token_id 16 outside the target vocabulary"),
     ],
     ids=["hidden_size", "draft_hidden_size", "vocab", "num_target_layers", "target_layer_ids", "mask_token_id"],
@@ -199,3 +200,29 @@ def test_unsupported_transformers_version_fails_clearly(monkeypatch):
         monkeypatch.setattr(transformers, "__version__", version)
         with pytest.raises(ImportError, match=rf"transformers>=5\.23,<5\.24 \(found {version}\).*pip install"):
             install_generate_hook()
+
+
+def test_remote_code_on_an_unsupported_transformers_fails_at_load(tmp_path, pair):
+    """A checkpoint's remote code (domino_hf not importable) refuses to load on transformers outside the
+    supported range, naming the range, instead of patching internals it was never tested against."""
+    import os
+    import subprocess
+    import sys
+
+    pair[1].save_pretrained(tmp_path / "draft")
+    child = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] == 'domino_hf': raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import transformers\n"
+        "transformers.__version__ = '5.24.0'\n"
+        "from transformers import AutoModel\n"
+        f"AutoModel.from_pretrained({str(tmp_path / 'draft')!r}, trust_remote_code=True)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
+    result = subprocess.run([sys.executable, "-I", "-c", child], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert result.returncode != 0
+    assert "ImportError: Domino drafts support transformers>=5.23,<5.24 (found 5.24.0)" in result.stderr

@@ -16,8 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 def run_train_tiny(out: Path, **env_vars: str) -> subprocess.CompletedProcess:
     """`examples/train_tiny.sh OUT` with extra environment (TINY_TARGET, DRAFT_ARGS, EXPORT_ARGS); must succeed."""
     # The CLI and `python` of this interpreter's environment, even when it is not activated.
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
-           **env_vars}
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PATH": path, **env_vars}
     result = subprocess.run(["bash", str(REPO / "examples" / "train_tiny.sh"), str(out)],
                             capture_output=True, text=True, env=env, cwd=out.parent, timeout=900)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

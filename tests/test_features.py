@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.features import (CONFIG, META, STORES, FeatureStore, NonFiniteFeatures, decode, encode,
                                          extract_features)
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.training.trainer import NonFiniteTraining
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -76,7 +76,10 @@ def test_old_float16_shards_with_inf_fail_on_read(target, tmp_path):
     meta = {"target_layer_ids": [0, 2], "num_examples": 6, "source": "x", "shard_size": 64, "dtype": "float16"}
     (folder / META).write_text(json.dumps(meta))
     lengths = [len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples]
-    save_file({f"f{i}": torch.full((n, 64), 7e4).half() for i, n in enumerate(lengths)}, str(folder / "shard-0000000.safetensors"))
+    save_file(
+        {f"f{i}": torch.full((n, 64), 7e4).half() for i, n in enumerate(lengths)},
+        str(folder / "shard-0000000.safetensors"),
+    )
     with pytest.raises(NonFiniteFeatures, match="target layer 0 hold inf/NaN.*extract them again"):
         FeatureStore(folder).get(0, lengths[0])
 
@@ -84,11 +87,14 @@ def test_old_float16_shards_with_inf_fail_on_read(target, tmp_path):
 def test_training_stops_at_a_non_finite_loss_naming_the_cause(target, tmp_path):
     dataset = _dataset(tmp_path / "data.jsonl", target)
     draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
-    settings = TrainSettings(output_dir=str(tmp_path / "run"), max_steps=3, batch_size=2, num_anchors=4, logging_steps=1)
+    settings = TrainSettings(
+        output_dir=str(tmp_path / "run"), max_steps=3, batch_size=2, num_anchors=4, logging_steps=1,
+    )
     with torch.no_grad():
         target.model.layers[1].mlp.down_proj.weight[0, 0] = float("nan")
     try:
-        with pytest.raises(NonFiniteTraining, match=r"step 1: non-finite loss .*from the target's forward hold inf/NaN"):
+        match = r"step 1: non-finite loss .*from the target's forward hold inf/NaN"
+        with pytest.raises(NonFiniteTraining, match=match):
             train_draft(target, draft, dataset, settings)
     finally:
         with torch.no_grad():
@@ -100,7 +106,9 @@ def test_training_stops_at_a_non_finite_gradient_norm_before_the_update(target, 
     draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
     before = {k: v.clone() for k, v in draft.state_dict().items()}
     draft.fc.weight.register_hook(lambda grad: grad * float("inf"))  # finite loss, infinite gradient
-    settings = TrainSettings(output_dir=str(tmp_path / "run"), max_steps=3, batch_size=2, num_anchors=4, logging_steps=1)
+    settings = TrainSettings(
+        output_dir=str(tmp_path / "run"), max_steps=3, batch_size=2, num_anchors=4, logging_steps=1,
+    )
     with pytest.raises(NonFiniteTraining, match=r"step 1: non-finite gradient norm .*lower --lr"):
         train_draft(target, draft, dataset, settings)
     assert all(torch.equal(before[k], v) for k, v in draft.state_dict().items())  # no NaN written into the draft
@@ -112,7 +120,8 @@ def test_features_without_config_write_the_derived_config_that_train_uses(target
 
     data = write_regen(tmp_path / "data.jsonl", target, count=6)
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
-    sizing = ["--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4", "--draft-vocab-size", "8"]
+    sizing = ["--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4",
+              "--draft-vocab-size", "8"]
     assert main(["features", *sizing, "--out", str(tmp_path / "f")]) == 0
     config = json.loads((tmp_path / "f" / CONFIG).read_text())
     assert config["block_size"] == 4 and len(config["draft_vocab_ids"]) == 8

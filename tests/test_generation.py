@@ -111,11 +111,9 @@ def test_block_longer_than_generation():
 # ---------------------------------------------------------------------------------- head, shift, vocabulary
 def test_head_on_and_off(fitted_pair, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
-    from domino_hf.modeling.target_domino import DominoHeadTables
-
     calls = []
-    original = DominoHeadTables.correction
-    monkeypatch.setattr(DominoHeadTables, "correction", lambda self, *a: calls.append(1) or original(self, *a))
+    original = type(draft).correction_from_parts
+    monkeypatch.setattr(type(draft), "correction_from_parts", lambda self, *a: calls.append(1) or original(self, *a))
     _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=16)
     assert calls and stats.tau > 1
     calls.clear()
@@ -301,8 +299,9 @@ def test_left_padded_prompt_and_dict_output_with_hidden_states(fitted_pair):
 @pytest.mark.parametrize("table_bytes", [0, 64 * 2**20])
 @pytest.mark.parametrize("subvocab", [False, True])
 def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, table_bytes, subvocab):
-    """The rollout (split W1, gate lookup table, one GRU step per token) gives exactly the logits of the
-    plain path the trainer uses: GRU over [anchor, d_1 …] from zero, then W2·SiLU(W1·[H ; S])."""
+    """The rollout (W1_H·H for all slots at once, gate lookup table, one GRU step per drafted token) gives
+    exactly the logits of the teacher-forced path the trainer uses: GRU over [anchor, d_1 …] from zero, then
+    W2·SiLU(W1·[H ; S])."""
     from transformers import GenerationConfig
     from transformers.generation.logits_process import LogitsProcessorList
 
@@ -316,7 +315,9 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     draft = copy.deepcopy(shared_draft)  # the fitted pair is shared by other tests
     if subvocab:
         draft.config.draft_vocab_ids = list(range(0, target.config.vocab_size, 2))
-        draft.embed_proj[2] = torch.nn.Linear(draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False)
+        draft.embed_proj[2] = torch.nn.Linear(
+            draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False,
+        )
     config = GenerationConfig(do_sample=True, max_length=64)
     generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0])
     n = draft.config.num_draft_tokens
@@ -342,7 +343,9 @@ def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_p
     n = draft.config.num_draft_tokens
     assert all(max(s.drafted) == n for s in full)
     assert any(d < n for s in short for d in s.drafted)
-    rate = lambda stats: sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
+    def rate(stats):
+        return sum(sum(s.accepted) for s in stats) / sum(sum(s.drafted) for s in stats)
+
     assert rate(short) >= rate(full)  # the tail it skips is the unlikely part
 
 
@@ -359,7 +362,8 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
     changes what is proposed: the fp32 target's verification keeps the output identical, and the fitted draft
     still gets accepted."""
     vocab = _produced_tokens(make_tiny_target("llama"), tiny_prompts(2)) if draft_vocab_ids else None
-    target, draft, prompts = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
+    pair = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
+    target, draft, prompts = pair
     draft = draft.to(torch.bfloat16)
     generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0])
     assert generator.head.weight.dtype == torch.bfloat16
@@ -375,7 +379,8 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
 
 
 def test_generation_caches_never_keep_a_target_alive():
-    """The per-(draft, target) caches (target head, head tables) are weak on both sides."""
+    """The per-(draft, target) caches (target head, head tables) are weak on both sides: neither the target
+    nor the draft is kept alive by them."""
     import gc
     import weakref
 
@@ -389,6 +394,12 @@ def test_generation_caches_never_keep_a_target_alive():
     del target
     gc.collect()
     assert alive() is None and len(_GENERATION_CACHES[draft]) == 0
+    target = make_tiny_target("llama")
+    greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=8)
+    alive = weakref.ref(draft)
+    del draft
+    gc.collect()
+    assert alive() is None
 
 
 def test_float16_draft_projects_huge_target_states_without_overflow():

@@ -68,7 +68,9 @@ def test_config_fits_its_target(name):
     check_draft_fits_target(config, target)
     # the same choices `DominoConfig.for_target` makes for this target
     num_context = len(config.target_layer_ids)
-    derived = DominoConfig.for_target(target_config, num_hidden_layers=config.num_hidden_layers, num_context_layers=num_context)
+    derived = DominoConfig.for_target(
+        target_config, num_hidden_layers=config.num_hidden_layers, num_context_layers=num_context,
+    )
     for field in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
                   "rms_norm_eps", "rope_theta", "target_layer_ids", "num_target_layers", "vocab_size"):
         assert getattr(config, field) == getattr(derived, field), field

@@ -47,6 +47,8 @@ def test_sampling_on_the_real_model_accepts_and_stays_in_vocabulary(target_and_d
     target, tokenizer, draft = target_and_draft
     torch.manual_seed(0)
     input_ids = prompts(tokenizer, "alpaca", 1)[0]
-    output = target.generate(input_ids, max_new_tokens=32, do_sample=True, temperature=0.7, top_p=0.9, assistant_model=draft)
+    output = target.generate(
+        input_ids, max_new_tokens=32, do_sample=True, temperature=0.7, top_p=0.9, assistant_model=draft,
+    )
     assert output.shape[1] > input_ids.shape[1] and int(output.max()) < target.config.vocab_size
     assert draft.last_generation_stats.num_steps > 0

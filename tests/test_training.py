@@ -15,8 +15,8 @@ from transformers import TrainerCallback
 from domino_hf.training.dataset import AnchorCollator, RegenDataset, build_draft_vocab
 from domino_hf.training.export import export_draft
 from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
-from domino_hf.training.trainer import last_complete_checkpoint
-from domino_hf.training.train import TrainSettings, build_draft, train_draft
+from domino_hf.training.checkpoint import last_complete_checkpoint
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_worker import tiny_target  # noqa: E402
@@ -37,7 +37,8 @@ def write_regen(path, target, count=16, prompt_len=5, new_tokens=20, seed=0, equ
             length = prompt_len if equal else prompt_len + i % 3
             prompt = torch.randint(0, 32, (1, length), generator=generator)
             out = target.generate(prompt, max_new_tokens=new_tokens, do_sample=False)
-            handle.write(json.dumps({"id": str(i), "prompt_ids": prompt[0].tolist(), "response_ids": out[0, length:].tolist()}) + "\n")
+            row = {"id": str(i), "prompt_ids": prompt[0].tolist(), "response_ids": out[0, length:].tolist()}
+            handle.write(json.dumps(row) + "\n")
     return path
 
 
@@ -127,7 +128,7 @@ def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeyp
         settings = TrainSettings(output_dir=str(out), max_steps=10, batch_size=4, num_anchors=8,
                                  learning_rate=3e-3, save_steps=4, logging_steps=5, resume=resume)
         if stop_at:  # simulate the kill: stop right after the step-4 checkpoint
-            from domino_hf.training import train as train_module
+            from domino_hf.training import recipe as train_module
 
             original = train_module.DominoTrainer
 
@@ -165,7 +166,8 @@ def test_two_processes_train_the_same_model_as_one(target, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     one = load_file(tmp_path / "one" / "final" / "model.safetensors")
     two = load_file(tmp_path / "two" / "final" / "model.safetensors")
-    initial = build_draft(tiny_target(), None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8).state_dict()
+    sizes = dict(num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
+    initial = build_draft(tiny_target(), None, **sizes).state_dict()
     for name in one:
         assert not torch.equal(one[name], initial[name]) or "norm" in name, f"{name} did not train"
         assert torch.allclose(one[name], two[name], atol=1e-5), name

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES, dtype_name, torch_dtype
 from ..utils import git_tracked, looks_like_local_path, project_root
 from .runner import AR, BenchConfig, BenchPrompt
 
@@ -19,7 +20,6 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_DRAFT = "drafts/smollm2-135m-instruct-domino"
 DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
-DTYPES = ("float32", "bfloat16", "float16")
 
 DESCRIPTION = """\
 Benchmark speculative decoding on the 🤗 Transformers backend, the way the literature reports it.
@@ -89,13 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     models.add_argument(
         "--dtype",
         default="float32",
-        choices=DTYPES,
+        choices=DTYPE_NAMES,
         help="dtype of the target (and assistant); greedy identity needs float32 on CPU (default: %(default)s)",
     )
     models.add_argument(
         "--draft-dtype",
         default="auto",
-        choices=("auto", *DTYPES),
+        choices=("auto", *DTYPE_NAMES),
         help="dtype of the Domino draft. Drafting only proposes tokens, so a cheaper draft precision keeps the "
         "output exact. auto = bfloat16 for a float32 target on a CPU with native bf16 matmuls (avx512_bf16 / "
         "amx_bf16), else the target's dtype (default: %(default)s)",
@@ -307,7 +307,7 @@ def resolve_draft_dtype(name: str, target_dtype, device: str):
     import torch
 
     if name != "auto":
-        return getattr(torch, name)
+        return torch_dtype(name)
     if device == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
         return torch.bfloat16
     return target_dtype
@@ -396,7 +396,7 @@ def _run(args: argparse.Namespace) -> int:
     from .report import markdown, write_report
     from .runner import run_benchmark
 
-    dtype = getattr(torch, args.dtype)
+    dtype = torch_dtype(args.dtype)
     device = resolve_device(args.device)
     methods = choose_methods(args.methods, args.assistant)
     needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
@@ -439,7 +439,7 @@ def _run(args: argparse.Namespace) -> int:
             "draft": args.draft or (DEFAULT_DRAFT if draft_name else None),
             "assistant": args.assistant,
             "dtype": args.dtype,
-            "draft_dtype": str(draft_dtype).removeprefix("torch.") if draft is not None else None,
+            "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,
             "device": device,
             "sources": args.prompts,
             "system": args.system,

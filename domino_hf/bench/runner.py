@@ -35,6 +35,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..cpu_kernels import is_optimized, stock_kernels
+from ..modeling.generation_domino import acceptance_length
 from .instrument import ForwardProbe, RunRecord, TimingStreamer, steps_from_probe
 from .stats import AR, AR_STOCK, summarize
 
@@ -303,7 +304,7 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
     tau_from_stats = None
     if stats_steps is not None:
         drafted, accepted = stats_steps
-        tau_from_stats = (sum(accepted) + len(accepted)) / len(accepted) if accepted else None
+        tau_from_stats = acceptance_length(accepted)
         if (drafted, accepted) != (probe_drafted, probe_accepted):
             logger.warning(
                 "%s: the draft's own step counts differ from the target-forward counts (%d vs %d steps).",

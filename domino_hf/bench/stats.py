@@ -3,7 +3,8 @@
 Definitions (the same for every method, see `instrument.py` for how steps are counted):
 
 * τ (acceptance length) = tokens produced per target verify forward, bonus token included, pooled over
-  all runs: `Σ(accepted + 1) / #steps`. Plain decoding has exactly one token per forward: τ = 1.
+  all runs: `Σ(accepted + 1) / #steps` (`acceptance_length`, the generator's own definition). Plain decoding
+  has exactly one token per forward: τ = 1.
 * per-position acceptance[k] = P(draft slot k accepted | slot k was drafted), pooled over steps.
 * histogram: number of verify steps that produced 1, 2, … tokens (sums to the number of steps).
 * decode ms/token = (last chunk − first generated chunk) / tokens after prefill, per run; a method's
@@ -18,6 +19,7 @@ from __future__ import annotations
 import statistics
 from collections import Counter, defaultdict
 
+from ..modeling.generation_domino import acceptance_length
 from .instrument import DRAFT_PHASES, PHASES, RunRecord
 
 AR = "autoregressive"
@@ -26,11 +28,6 @@ AR = "autoregressive"
 # another kernel set may flip a near-tied argmax.
 AR_STOCK = "autoregressive_stock_kernels"
 MAX_REPORTED_MISMATCHES = 20
-
-
-def tau(accepted: list[int]) -> float | None:
-    """Tokens per verify step, bonus included; None without any step."""
-    return (sum(accepted) + len(accepted)) / len(accepted) if accepted else None
 
 
 def per_position_acceptance(drafted: list[int], accepted: list[int]) -> tuple[list[float], list[int]]:
@@ -70,7 +67,7 @@ def summarize_method(
     rates, seen = per_position_acceptance(drafted, accepted)
     ms = _median([r.decode_ms_per_token for r in runs])
     result = {
-        "tau": tau(accepted),
+        "tau": acceptance_length(accepted),
         "speedup": None,
         "speedup_paired": None,
         "speedup_vs_stock": None,

@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from ..modeling.target_domino import draft_vocab_map
+
 logger = logging.getLogger(__name__)
 
 
@@ -74,7 +76,10 @@ class RegenDataset(Dataset):
             logger.warning("Skipped %d malformed or unusable lines in %s", skipped, paths)
         if excluded:
             logger.warning("Dropped %d record(s) whose prompt overlaps a benchmark prompt", excluded)
-        logger.info("Loaded %d training examples (%d response tokens)", len(examples), sum(len(e.response_ids) for e in examples))
+        logger.info(
+            "Loaded %d training examples (%d response tokens)", len(examples),
+            sum(len(e.response_ids) for e in examples),
+        )
         return cls(examples=examples, skipped=skipped, source=str(paths), max_length=max_length)
 
     def __len__(self) -> int:
@@ -82,7 +87,8 @@ class RegenDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         example = self.examples[index]
-        item = {"index": index, "epoch": self.epoch, "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
+        item = {"index": index, "epoch": self.epoch,
+                "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
         if self.features is not None:
             item["features"] = self.features.get(index, len(example.prompt_ids) + len(example.response_ids))
         return item
@@ -132,10 +138,7 @@ class AnchorCollator:
         self.num_anchors = num_anchors
         self.pad_token_id = pad_token_id
         self.seed = seed
-        self.vocab_map = None
-        if config.draft_vocab_ids is not None:
-            self.vocab_map = torch.full((config.vocab_size,), -1, dtype=torch.long)
-            self.vocab_map[torch.tensor(config.draft_vocab_ids)] = torch.arange(len(config.draft_vocab_ids))
+        self.vocab_map = draft_vocab_map(config.draft_vocab_ids, config.vocab_size)
 
     def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
         seqs = [f["prompt_ids"] + f["response_ids"] for f in features]

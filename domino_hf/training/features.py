@@ -27,8 +27,9 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..modeling.target_domino import target_context_features
 from .decontaminate import BenchmarkFilter
-from .regen import DTYPES
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,6 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         meta_path.write_text(json.dumps(meta, indent=1))
     if draft_config is not None:
         draft_config.to_json_file(out / CONFIG)
-    hidden_ids = [i + 1 for i in layer_ids]
     starts = [s for s in range(0, len(dataset), shard_size) if not (out / f"shard-{s:07d}.safetensors").exists()]
     tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples)
     bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True)
@@ -118,9 +118,8 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
             for row, seq in enumerate(seqs):
                 input_ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
-            outputs = target.base_model(input_ids=input_ids.to(target.device), attention_mask=mask.to(target.device),
-                                        output_hidden_states=hidden_ids)
-            features = torch.cat([outputs.hidden_states[i] for i in hidden_ids], dim=-1).float().cpu()  # (b, L, n·H)
+            features = target_context_features(target, input_ids.to(target.device), mask.to(target.device),
+                                               layer_ids).float().cpu()  # (b, L, n·H)
             for row, (index, seq) in enumerate(zip(batch, seqs)):
                 check_finite(features[row, : len(seq)], layer_ids, f"example {index} of {dataset.source}",
                              "the target overflows in this --dtype; extract with --dtype float32.")
@@ -165,7 +164,9 @@ class FeatureStore:
         start = (index // self.meta["shard_size"]) * self.meta["shard_size"]
         if start not in self._handles:
             if not self._shard(start).exists():
-                raise ValueError(f"no features for example {index} in {self.directory}: run `domino features` to finish.")
+                raise ValueError(
+                    f"no features for example {index} in {self.directory}: run `domino features` to finish."
+                )
             handle = safe_open(str(self._shard(start)), framework="pt")
             self._handles[start] = handle, set(handle.keys())
         handle, names = self._handles[start]
@@ -182,7 +183,7 @@ class FeatureStore:
 
 
 def register(subparsers) -> None:
-    from .train import add_draft_arguments
+    from .recipe import add_draft_arguments
 
     parser = subparsers.add_parser(
         "features",
@@ -194,16 +195,28 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     add_target_arguments(parser)
-    parser.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Feature folder (shards, features.json, draft_config.json).")
-    parser.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Same truncation as `domino train`.")
+    parser.add_argument(
+        "--data", "--train_file", dest="data", nargs="+", required=True,
+        help="JSONL file(s) written by `domino regen`.",
+    )
+    parser.add_argument(
+        "--out", "--output_dir", dest="out", required=True,
+        help="Feature folder (shards, features.json, draft_config.json).",
+    )
+    parser.add_argument(
+        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
+        help="Same truncation as `domino train`.",
+    )
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples (default: all).")
-    parser.add_argument("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8, help="Sequences per target forward.")
+    parser.add_argument(
+        "--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8,
+        help="Sequences per target forward.",
+    )
     parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
     parser.add_argument("--store", default="bfloat16", choices=STORES,
                         help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
                         "power-of-two scale per layer and example), float32 (exact, 4 bytes) (default: %(default)s).")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES),
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
                         "bf16 (default: %(default)s).")
     add_draft_arguments(parser)
@@ -214,13 +227,15 @@ def run(args) -> int:
     from ..targets import load_target
     from ..utils import require_paths
     from .dataset import load_training_data
-    from .train import config_from_args
+    from .recipe import config_from_args
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], **target_kwargs(args))
+        target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
-        dataset = load_training_data(args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks())
+        dataset = load_training_data(
+            args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks(),
+        )
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
         logger.error("%s", err)
         return 2

@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..modeling.target_domino import block_position_ids, draft_slots
+
 
 def position_weights(num_draft: int, gamma: float | None = None) -> torch.Tensor:
     """w_k = exp(-k/γ) for draft positions k = 0 … n-1 (γ = 7 for 16 drafts, 5 for 10, 4 for 8, as published;
@@ -81,8 +83,7 @@ class DominoObjective(nn.Module):
         b, seq_len, _ = context_hidden.shape
         num_anchors = anchors.shape[1]
         block, n = config.block_size, config.num_draft_tokens
-        offset = 0 if config.shift_label else 1
-        positions = (anchors[:, :, None] + torch.arange(block, device=anchors.device)).reshape(b, -1)
+        positions = block_position_ids(anchors, block).reshape(b, -1)  # (b, A·B)
         hidden = self.draft(
             block_embeds=block_embeds,
             block_position_ids=positions,
@@ -90,7 +91,7 @@ class DominoObjective(nn.Module):
             context_position_ids=torch.arange(seq_len, device=anchors.device)[None].expand(b, -1),
             attention_mask=block_attention_mask(anchors, seq_len, block),
         ).last_hidden_state  # (b, A·B, H)
-        slots = hidden.view(b, num_anchors, block, -1)[:, :, offset : offset + n]  # (b, A, n, H)
+        slots = draft_slots(hidden.view(b, num_anchors, block, -1), config)  # (b, A, n, H)
         base_logits = target_head.logits(slots)  # (b, A, n, V') float32
         final_logits = base_logits
         if self.draft.has_domino_head and label_embeds is not None:

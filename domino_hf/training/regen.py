@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import (PromptRecord, PromptSet, add_chat_template_argument, chat_input_ids, read_prompts,
                     resolve_chat_template)
 from ..targets import load_target
@@ -28,7 +29,6 @@ from ..utils import require_paths
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def read_existing(out_path: str | Path) -> set[str]:
@@ -186,7 +186,8 @@ def regenerate(
     if seed is not None:
         torch.manual_seed(seed)
     pad_id, eos_ids = _special_ids(model.generation_config, tokenizer)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer, **_sampling_kwargs(temperature)}
+    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer,
+                       **_sampling_kwargs(temperature)}
     model.eval()
     start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh, tqdm(total=len(todo), unit="prompt", desc="regen") as bar:
@@ -202,9 +203,10 @@ def regenerate(
 
     summary = summarize(counts, time.perf_counter() - start, out_path)
     if summary["written"] and summary["finished"] < summary["written"] / 2:
-        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s", summary["written"] - summary["finished"],
-                       summary["written"], "" if stop or resolve_chat_template(tokenizer, chat_template) else
-                       " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
+        hint = "" if stop or resolve_chat_template(tokenizer, chat_template) else (
+            " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
+        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s",
+                       summary["written"] - summary["finished"], summary["written"], hint)
     return summary
 
 
@@ -285,7 +287,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--prompts", default="sharegpt", metavar="SOURCE",
         help="Prompt source: a JSONL/JSON file, `sharegpt`, `humaneval`, `mt_bench`, `alpaca`, `sum`, `qa`, or "
         "`hf:<dataset>[:split]`; the first user turn of each record is answered (default: %(default)s).")
-    add("--out", "--output_file", dest="out", required=True, metavar="FILE", help="Output JSONL file, appended to and created if missing.")
+    add(
+        "--out", "--output_file", dest="out", required=True, metavar="FILE",
+        help="Output JSONL file, appended to and created if missing.",
+    )
     add("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=24, metavar="N",
         help="Prompts generated together, left-padded (default: %(default)s).")
     add("--max-new-tokens", type=int, default=128, metavar="N",
@@ -304,7 +309,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--stop", action="append", default=None, metavar="TEXT",
         help="End an answer at this text too (repeatable), e.g. --stop $'\\n\\n' for one paragraph of a base model "
         "(default: EOS only).")
-    add("--dtype", default="float32", choices=sorted(DTYPES),
+    add("--dtype", default="float32", choices=DTYPE_NAMES,
         help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU "
         "(default: %(default)s).")
     add("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: cuda if "
@@ -330,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts, limit=args.limit)
         if args.chat_template not in ("auto", "none"):
             require_paths(chat_template=args.chat_template)
-        model, tokenizer = load_target(args.target, dtype=DTYPES[args.dtype], device=device, **target_kwargs(args))
+        model, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=device, **target_kwargs(args))
     except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
         logger.error("%s", err)
         return 2

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import time
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
@@ -21,27 +19,15 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
+from ..modeling.target_domino import target_context_features
+from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .objective import curriculum_lambda
 
 logger = logging.getLogger(__name__)
 
-COMPLETE_MARKER = ".domino-complete"
-
 
 class NonFiniteTraining(RuntimeError):
     """Training produced a non-finite loss or gradient norm: stopped before the optimizer step used it."""
-
-
-def last_complete_checkpoint(output_dir) -> str | None:
-    """Newest `checkpoint-N` whose save finished (marker written after everything else)."""
-    root = Path(output_dir)
-    if not root.is_dir():
-        return None
-    done = [p for p in root.glob("checkpoint-*") if (p / COMPLETE_MARKER).exists() and p.name.split("-")[-1].isdigit()]
-    for partial in set(root.glob("checkpoint-*")) - set(done):
-        logger.warning("Removing incomplete checkpoint %s (the run was killed while saving it)", partial)
-        shutil.rmtree(partial, ignore_errors=True)
-    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
 
 
 class EpochCallback(TrainerCallback):
@@ -65,7 +51,6 @@ class DominoTrainer(Trainer):
             restore_stock_kernels(draft)
             logger.warning("The draft ran optimize_for_cpu kernels; restored stock kernels for training.")
         self.target_head = DominoTargetHead(self.target, draft.config, device=self.args.device)
-        self.layer_ids = [i + 1 for i in draft.config.target_layer_ids]
         self.use_curriculum = use_curriculum
         self.tau_probe = tau_probe
         self._metric_sums: dict[str, float] = {}
@@ -81,15 +66,12 @@ class DominoTrainer(Trainer):
         if "context_hidden" in inputs:  # cached by `domino features`
             context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
         else:
-            out = self.target.base_model(
-                input_ids=input_ids, attention_mask=inputs["attention_mask"], output_hidden_states=self.layer_ids
-            )
-            context_hidden = torch.cat([out.hidden_states[i] for i in self.layer_ids], dim=-1)  # (b, L, n·H)
+            context_hidden = target_context_features(
+                self.target, input_ids, inputs["attention_mask"], config.target_layer_ids
+            )  # (b, L, n·H)
         b, num_anchors = anchors.shape
-        anchor_ids = input_ids.gather(1, anchors)  # (b, A)
-        block_ids = torch.full((b, num_anchors, config.block_size), config.mask_token_id, device=input_ids.device)
-        block_ids[:, :, 0] = anchor_ids
-        block_embeds = self.target_head.embed(block_ids).reshape(b, num_anchors * config.block_size, -1)
+        block_embeds = self.target_head.block_embeds(input_ids.gather(1, anchors))  # (b, A, B, H)
+        block_embeds = block_embeds.reshape(b, num_anchors * config.block_size, -1)
         label_embeds = None
         if config.use_domino_head:
             steps = torch.arange(config.num_draft_tokens, device=input_ids.device)
@@ -131,7 +113,8 @@ class DominoTrainer(Trainer):
         """Raise `NonFiniteTraining` with the likely cause: bad context features, or a diverging run."""
         step = self.state.global_step + 1
         if context_hidden is not None and not bool(torch.isfinite(context_hidden).all()):
-            source = "the cached --features" if getattr(self.train_dataset, "features", None) is not None else "the target's forward"
+            cached = getattr(self.train_dataset, "features", None) is not None
+            source = "the cached --features" if cached else "the target's forward"
             cause = (f"the context features from {source} hold inf/NaN (e.g. hidden states beyond float16's range); "
                      "extract them again with `domino features` (bfloat16 storage) or train without --features")
         elif self.args.bf16 or self.args.fp16:
@@ -161,13 +144,13 @@ class DominoTrainer(Trainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint, model=None):
         draft = self.accelerator.unwrap_model(model or self.model).draft
-        state = load_file(os.path.join(resume_from_checkpoint, "model.safetensors"))
+        state = load_file(os.path.join(resume_from_checkpoint, WEIGHTS))
         draft.load_state_dict(state, strict=True)
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         if self.args.should_save:
-            checkpoint = Path(self._get_output_dir(trial=trial)) / f"checkpoint-{self.state.global_step}"
-            (checkpoint / COMPLETE_MARKER).write_text(str(self.state.global_step))
+            checkpoint = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
+            mark_complete(checkpoint, self.state.global_step)
             if self.tau_probe is not None:
                 self.log({"probe_tau": self.tau_probe(self.accelerator.unwrap_model(self.model).draft)})

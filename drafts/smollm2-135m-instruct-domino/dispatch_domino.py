@@ -10,6 +10,7 @@ stock methods untouched. `uninstall_generate_hook()` restores them.
 from __future__ import annotations
 
 import contextvars
+import importlib
 import logging
 
 from .target_domino import check_draft_fits_target
@@ -24,8 +25,22 @@ _STOPPING_CRITERIA = contextvars.ContextVar("domino_stopping_criteria", default=
 
 
 def is_domino_draft(model) -> bool:
+    """A `DominoDraftModel` (from domino_hf or from any checkpoint's remote code)."""
     config = getattr(model, "config", None)
-    return getattr(config, "model_type", None) == "domino_draft" and hasattr(model, "get_candidate_generator")
+    return getattr(config, "model_type", None) == "domino_draft" and callable(getattr(model, "fuse_context", None))
+
+
+def candidate_generator_class(draft):
+    """The `DominoCandidateGenerator` shipped beside the draft's own class: a remote-code draft drafts with its
+    checkpoint's `generation_domino.py`, a domino_hf draft with domino_hf's, whichever copy of this dispatch
+    was installed first."""
+    package = type(draft).__module__.rpartition(".")[0]
+    try:
+        return importlib.import_module(f"{package}.generation_domino").DominoCandidateGenerator
+    except (ImportError, AttributeError, ValueError):  # a draft class defined outside a Domino package
+        from .generation_domino import DominoCandidateGenerator
+
+        return DominoCandidateGenerator
 
 
 def _looks_like_domino_checkpoint(model) -> bool:
@@ -84,8 +99,8 @@ def install_generate_hook() -> None:
     Footprint: three private `GenerationMixin` methods are wrapped (`_PATCHED`); each wrapper checks whether
     the assistant is a Domino draft and otherwise calls the stock method untouched. One INFO log line is
     written at install; `uninstall_generate_hook()` restores the stock methods. Idempotent: the remote-code
-    copy and the domino_hf copy of this module may both call it; the first one wins and the dispatch asks the
-    draft itself for its generator, so either copy serves both.
+    copy and the domino_hf copy of this module may both call it; the first one wins, and it builds the
+    generator that ships beside each draft's class (`candidate_generator_class`), so either copy serves both.
     """
     import inspect
 
@@ -106,7 +121,8 @@ def install_generate_hook() -> None:
             raise ValueError(
                 f"The assistant model is a Domino/DFlash draft checkpoint loaded as a plain "
                 f"{type(assistant).__name__}, so its drafting code is missing. Load it with "
-                "`AutoModel.from_pretrained(path, trust_remote_code=True)` or `domino_hf.DominoDraftModel.from_pretrained(path)`."
+                "`AutoModel.from_pretrained(path, trust_remote_code=True)` or "
+                "`domino_hf.DominoDraftModel.from_pretrained(path)`."
             )
         return originals["_validate_generation_mode"](self, generation_mode, generation_config, generation_mode_kwargs)
 
@@ -114,7 +130,8 @@ def install_generate_hook() -> None:
         bound = inspect.signature(originals["_get_candidate_generator"]).bind(self, *args, **kwargs).arguments
         assistant = bound.get("assistant_model")
         if is_domino_draft(assistant):
-            return assistant.get_candidate_generator(
+            return candidate_generator_class(assistant)(
+                draft=assistant,
                 target=self,
                 generation_config=bound["generation_config"],
                 logits_processor=bound.get("logits_processor"),

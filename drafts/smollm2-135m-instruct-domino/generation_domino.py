@@ -18,36 +18,28 @@ import time
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from transformers.generation.candidate_generator import CandidateGenerator, PromptLookupCandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from .target_domino import DominoHeadTables, DominoTargetHead, check_draft_fits_target
+from .modeling_domino import DominoContextCache
+from .target_domino import (
+    DominoHeadTables,
+    DominoTargetHead,
+    block_position_ids,
+    check_draft_fits_target,
+    context_features,
+    draft_slots,
+    hidden_state_indices,
+)
 
 logger = logging.getLogger(__name__)
 
 
-
-class DominoContextCache:
-    """Per-layer keys/values of the verified context, each (b, kv_heads, c, head_dim). Only accepted
-    positions are appended, so it is never cropped; the block's own keys/values are never stored."""
-
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-
-    def __len__(self) -> int:
-        return 0 if not self.keys else self.keys[0].shape[2]
-
-    def update(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
-        if layer_idx == len(self.keys):
-            self.keys.append(keys)
-            self.values.append(values)
-        else:
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=2)
-            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=2)
-        return self.keys[layer_idx], self.values[layer_idx]
+def acceptance_length(accepted) -> float | None:
+    """τ, the one definition (generation stats, benchmark, training probe): tokens produced per target verify
+    forward, bonus token included, from the draft tokens accepted at each step; None without any step."""
+    return (sum(accepted) + len(accepted)) / len(accepted) if len(accepted) else None
 
 
 # Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length for
@@ -94,7 +86,7 @@ class DominoGenerationStats:
     @property
     def tau(self) -> float:
         """Mean acceptance length: tokens produced per target verify forward, bonus token included."""
-        return (sum(self.accepted) + len(self.accepted)) / max(len(self.accepted), 1)
+        return acceptance_length(self.accepted) or 0.0
 
     def source_counts(self) -> dict[str, int]:
         return {source: self.sources.count(source) for source in ("domino", "lookup", "none")}
@@ -202,8 +194,9 @@ class SourceChooser:
     * Blocks are also scored on steps where a span won (`shadow_accepted`), so a draft that loses every step to
       spans learns that it does (`domino_average`, and the back-off) instead of running unseen on every step.
 
-    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ). Everything here is a function of the context and of past verify steps, never of a token
-    drawn for the step at hand: sampling stays exact.
+    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ).
+    Everything here is a function of the context and of past verify steps, never of a token drawn for the step
+    at hand: sampling stays exact.
     """
 
     def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
@@ -276,8 +269,9 @@ def drafting_settings(config, generation_config) -> dict:
     """Per-call drafting settings: `generate`'s GenerationConfig first, then the draft's config.
 
     * `num_assistant_tokens` caps the tokens proposed per step, Domino block or lookup span (transformers'
-      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`; `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted
-      proposal and shrinks it by 1 otherwise, as transformers does for its assistants.
+      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`;
+      `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted proposal and
+      shrinks it by 1 otherwise, as transformers does for its assistants.
     * `assistant_confidence_threshold` drives the adaptive draft length when it differs from transformers'
       default 0.4; `generate` fills that default in before we see the config, so an explicit 0.4 cannot be
       told from an unset one, and the draft's `draft_confidence_threshold` applies then.
@@ -309,8 +303,9 @@ class DominoCandidateGenerator(CandidateGenerator):
     Each step it has two proposals: the Domino block and, when the sequence's last n-gram occurred before, the
     span that followed it (transformers' prompt lookup). It keeps the one with more expected accepted tokens
     under the draft's own probabilities, calibrated by past acceptance (`SourceChooser`), all computed before
-    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span is deterministic given the context, so its q
-    is one-hot. When the draft's blocks keep being rejected it backs off to plain steps (`DraftBackoff`).
+    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span
+    is deterministic given the context, so its q is one-hot. When the draft's blocks keep being rejected it
+    backs off to plain steps (`DraftBackoff`).
     """
 
     requires_model_outputs = True
@@ -327,9 +322,9 @@ class DominoCandidateGenerator(CandidateGenerator):
         # The draft may run in a cheaper precision than the target (e.g. bf16 draft, fp32 target): drafting
         # only proposes, the target's verification alone decides the output, so this stays lossless.
         self.head = DominoTargetHead.cached(draft, target)
-        # Ask the target only for the hidden layers the draft reads (+1: index 0 is the embedding output), or for
-        # all of them when the caller collects hidden states (`return_dict_in_generate` splits every layer).
-        wanted = True if generation_config.output_hidden_states else [i + 1 for i in self.config.target_layer_ids]
+        # Ask the target only for the hidden layers the draft reads, or for all of them when the caller collects
+        # hidden states (`return_dict_in_generate` splits every layer).
+        wanted = True if generation_config.output_hidden_states else hidden_state_indices(self.config.target_layer_ids)
         self.model_kwargs_overrides = {"output_hidden_states": wanted}
         self.cache = DominoContextCache()
         self.pending_context: list[torch.Tensor] = []  # (1, n, n_layers·H) verified, not yet in the cache
@@ -344,8 +339,6 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.use_head = draft.has_domino_head
         # Head tables once per generate call (weights do not change while generating), not per step.
         self.tables = DominoHeadTables.cached(draft, target, self.head) if self.use_head else None
-        self.slot_offset = 0 if self.config.shift_label else 1
-        self.mask_ids = torch.full((1, self.config.block_size - 1), self.config.mask_token_id, dtype=torch.long)
         settings = drafting_settings(self.config, generation_config)
         self.cap, self.schedule, self.threshold = settings["cap"], settings["schedule"], settings["threshold"]
         self.lookup = None
@@ -461,8 +454,7 @@ class DominoCandidateGenerator(CandidateGenerator):
             return
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
             raise ValueError("Domino drafting needs the target's hidden states from the previous forward.")
-        states = model_outputs.hidden_states
-        self.pending_context.append(torch.cat([states[i + 1][:, :n_new] for i in self.config.target_layer_ids], -1))
+        self.pending_context.append(context_features(model_outputs.hidden_states, self.config.target_layer_ids, n_new))
 
     def _backbone(self, input_ids, model_kwargs, n_draft):
         """One backbone forward over [anchor, MASK, …], absorbing the stashed context: slot states (n, H)."""
@@ -470,16 +462,16 @@ class DominoCandidateGenerator(CandidateGenerator):
         context = torch.cat(self.pending_context, dim=1) if self.pending_context else None
         self.pending_context = []
         n_cached, n_new = len(self.cache), 0 if context is None else context.shape[1]
-        block_ids = torch.cat([input_ids[:, -1:], self.mask_ids.to(input_ids.device)], dim=1)  # (1, B)
+        anchor_position = torch.tensor([cur_len - 1], device=device)
         out = self.draft(
-            block_embeds=self.head.embed(block_ids).to(device),
-            block_position_ids=torch.arange(cur_len - 1, cur_len - 1 + self.config.block_size, device=device)[None],
+            block_embeds=self.head.block_embeds(input_ids[:, -1]).to(device),  # (1, B, E)
+            block_position_ids=block_position_ids(anchor_position, self.config.block_size),  # (1, B)
             target_hidden_states=None if context is None else context.to(device),
             context_position_ids=torch.arange(n_cached, n_cached + n_new, device=device)[None],
             attention_mask=self._key_mask(model_kwargs, cur_len),
             past_key_values=self.cache,
         )
-        return out.last_hidden_state[0, self.slot_offset : self.slot_offset + n_draft]  # (n, H)
+        return draft_slots(out.last_hidden_state[0], self.config)[:n_draft]  # (n, H)
 
     def _clock(self):
         """A lap timer into `stats.timings` when profiling, else a no-op."""
@@ -516,18 +508,19 @@ class DominoCandidateGenerator(CandidateGenerator):
         confidence threshold (fewer candidates: still lossless)."""
         scoring = forced is not None or greedy
         n = base_logits.shape[0] if forced is None else len(forced)
-        tables = self.tables
+        tables, draft = self.tables, self.draft
         if tables is not None:
-            hidden_part = F.linear(slot_hidden, tables.w1_hidden)  # (n, r): all slots in one matmul
+            hidden_part = draft.correction_hidden_part(slot_hidden)  # (n, r): all slots in one matmul
             state = slot_hidden.new_zeros(1, self.config.gru_hidden_dim)
-            state = self.draft.gru_step(state, tables.input_gates(None, input_ids[:, -1]))  # anchor may be off-vocab
+            state = draft.gru_step(state, tables.input_gates(draft, None, input_ids[:, -1]))  # anchor: maybe off-vocab
         sequence = input_ids
         chosen, processed, probs = [], [], []
         chain = 1.0
         for j in range(n):
             logits = base_logits[j : j + 1]  # (1, V')
             if tables is not None and j >= self.config.pure_draft_prefix_len:
-                logits = torch.add(logits, tables.correction(hidden_part[j : j + 1], state))  # promotes to fp32
+                correction = draft.correction_from_parts(hidden_part[j : j + 1], state)  # (1, V')
+                logits = torch.add(logits, correction)  # promotes to fp32
             full_logits = self._process(logits, sequence)
             dist = None
             if self.threshold > 0.0 or scoring:
@@ -555,7 +548,7 @@ class DominoCandidateGenerator(CandidateGenerator):
             chosen.append(token)
             processed.append(full_logits)
             if tables is not None and j + 1 < n:
-                state = self.draft.gru_step(state, tables.input_gates(index, token))
+                state = draft.gru_step(state, tables.input_gates(draft, index, token))
         if not chosen:
             return input_ids.new_zeros(1, 0), None, probs
         draft_ids = torch.cat(chosen, dim=1)

@@ -3,7 +3,8 @@
 
 Remote-code file: it imports only torch and transformers, so a saved checkpoint loads with
 `AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python where domino_hf is not installed.
-Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`).
+Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`), which builds
+the candidate generator (`generation_domino.py`); this file itself imports no generation code.
 
 Shapes: b = batch, c = context positions, q = block (query) positions, H = hidden size, E = target
 embedding size (= H), Hg = GRU hidden size, V' = draft output vocabulary (sub-vocabulary or full).
@@ -19,7 +20,6 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DominoConfig
 from .dispatch_domino import install_generate_hook
-from .generation_domino import DominoCandidateGenerator, DominoContextCache
 
 # Copied beside every saved checkpoint, so it loads with `trust_remote_code=True` and nothing else installed.
 REMOTE_CODE_FILES = (
@@ -29,6 +29,27 @@ REMOTE_CODE_FILES = (
     "generation_domino.py",
     "dispatch_domino.py",
 )
+
+
+class DominoContextCache:
+    """Per-layer keys/values of the verified context, each (b, kv_heads, c, head_dim). Only accepted
+    positions are appended, so it is never cropped; the block's own keys/values are never stored."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return 0 if not self.keys else self.keys[0].shape[2]
+
+    def update(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
+        if layer_idx == len(self.keys):
+            self.keys.append(keys)
+            self.values.append(values)
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
 
 
 class DominoRMSNorm(nn.Module):
@@ -47,7 +68,8 @@ class DominoRMSNorm(nn.Module):
 
 def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
     """Default RoPE tables for `position_ids` (b, n) -> cos, sin of shape (b, 1, n, head_dim)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim))
+    exponents = torch.arange(0, head_dim, 2, device=position_ids.device, dtype=torch.float32) / head_dim
+    inv_freq = 1.0 / (theta**exponents)
     freqs = position_ids.to(torch.float32)[..., None] * inv_freq  # (b, n, head_dim/2)
     emb = torch.cat((freqs, freqs), dim=-1)[:, None]  # (b, 1, n, head_dim)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -160,9 +182,10 @@ class DominoDraftModel(DominoPreTrainedModel):
         self.layers = nn.ModuleList([DominoDecoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = DominoRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         if config.use_domino_head:
-            # Causal encoder over the target embeddings of the tokens realised so far in the block.
+            # Causal encoder over the target embeddings of the tokens realised so far in the block: a bias-free
+            # GRU, run step by step by `gru_step` (the module holds its weights under the published names).
             self.prefix_gru = nn.GRU(config.target_hidden_size, config.gru_hidden_dim, bias=False, batch_first=True)
-            # Low-rank logit correction W2 · SiLU(W1 · [H ; S]).
+            # Low-rank logit correction W2 · SiLU(W1 · [H ; S]) (`correction`; [0] is W1, [2] is W2).
             self.embed_proj = nn.Sequential(
                 nn.Linear(config.hidden_size + config.gru_hidden_dim, config.correction_rank, bias=False),
                 nn.SiLU(),
@@ -230,24 +253,54 @@ class DominoDraftModel(DominoPreTrainedModel):
         return BaseModelOutput(last_hidden_state=self.norm(hidden))
 
     # --------------------------------------------------------------------------------------- Domino head
-    def correction(self, base_hidden: torch.Tensor, causal_state: torch.Tensor) -> torch.Tensor:
-        """ΔL = W2 · SiLU(W1 · [H ; S]): (..., H), (..., Hg) -> (..., V')."""
-        return self.embed_proj(torch.cat([base_hidden, causal_state.to(base_hidden.dtype)], dim=-1))
+    # S_0 = 0, S_t = GRU(S_{t-1}, emb(token_t));  ΔL_j = W2 · SiLU(W1 · [H_j ; S_j]),  W1 = [W1_H | W1_S].
+    # Training runs it teacher-forced over whole blocks (`causal_states`, `correction`); drafting runs the same
+    # methods one token at a time, computing W1_H · H for all slots at once (`correction_hidden_part`).
+    def head_parameters(self) -> tuple[torch.Tensor, ...]:
+        """The Domino head's weights: what generation-time tables derived from them depend on."""
+        return (*self.prefix_gru.parameters(), *self.embed_proj.parameters())
 
-    def causal_states(self, token_embeds: torch.Tensor) -> torch.Tensor:
-        """Teacher-forced GRU from a zero state: (N, T, E) embeddings -> (N, T, Hg) state after each token."""
-        states, _ = self.prefix_gru(token_embeds.to(self.prefix_gru.weight_ih_l0.dtype))
-        return states
+    def head_input_gates(self, token_embeds: torch.Tensor) -> torch.Tensor:
+        """GRU input gates W_ih · x: (…, E) target embeddings -> (…, 3·Hg)."""
+        weight = self.prefix_gru.weight_ih_l0
+        return F.linear(token_embeds.to(weight), weight)
 
     def gru_step(self, state: torch.Tensor, input_gates: torch.Tensor) -> torch.Tensor:
-        """One bias-free GRU step (PyTorch gate order r, z, n). `input_gates` = W_ih · x, (1, 3·Hg)."""
-        hidden_gates = F.linear(state, self.prefix_gru.weight_hh_l0)  # (1, 3·Hg)
+        """One bias-free GRU step (PyTorch's gate order r, z, n): (N, Hg) state, (N, 3·Hg) `head_input_gates`
+        -> (N, Hg) next state."""
+        hidden_gates = F.linear(state, self.prefix_gru.weight_hh_l0)  # (N, 3·Hg)
         size = state.shape[-1]
         # Few, fused ops: this runs once per drafted token, where per-op overhead is the cost.
-        reset_update = torch.sigmoid(input_gates[..., : 2 * size] + hidden_gates[..., : 2 * size])  # (1, 2·Hg)
+        reset_update = torch.sigmoid(input_gates[..., : 2 * size] + hidden_gates[..., : 2 * size])  # (N, 2·Hg)
         reset, update = reset_update[..., :size], reset_update[..., size:]
         candidate = torch.tanh(torch.addcmul(input_gates[..., 2 * size :], reset, hidden_gates[..., 2 * size :]))
         return torch.lerp(candidate, state, update)  # candidate + update · (state − candidate)
+
+    def causal_states(self, token_embeds: torch.Tensor) -> torch.Tensor:
+        """Teacher-forced GRU from a zero state: (N, T, E) embeddings -> (N, T, Hg) state after each token."""
+        gates = self.head_input_gates(token_embeds)  # (N, T, 3·Hg): all input gates in one matmul
+        state = gates.new_zeros(gates.shape[0], self.config.gru_hidden_dim)
+        states = []
+        for t in range(gates.shape[1]):
+            state = self.gru_step(state, gates[:, t])
+            states.append(state)
+        return torch.stack(states, dim=1)
+
+    def correction_hidden_part(self, base_hidden: torch.Tensor) -> torch.Tensor:
+        """W1_H · H: (…, H) slot hidden states -> (…, r), the part of the correction that needs no token."""
+        return F.linear(base_hidden, self.embed_proj[0].weight[:, : self.config.hidden_size])
+
+    def correction_from_parts(self, hidden_part: torch.Tensor, causal_state: torch.Tensor) -> torch.Tensor:
+        """ΔL = W2 · SiLU(W1_H·H + W1_S·S): (…, r) `correction_hidden_part`, (…, Hg) state -> (…, V')."""
+        w1_state = self.embed_proj[0].weight[:, self.config.hidden_size :]  # (r, Hg)
+        rank = hidden_part.shape[-1]
+        state = causal_state.to(hidden_part.dtype).reshape(-1, w1_state.shape[1])
+        mixed = torch.addmm(hidden_part.reshape(-1, rank), state, w1_state.t())  # (N, r), one fused op
+        return F.linear(F.silu(mixed), self.embed_proj[2].weight).view(*hidden_part.shape[:-1], -1)
+
+    def correction(self, base_hidden: torch.Tensor, causal_state: torch.Tensor) -> torch.Tensor:
+        """ΔL = W2 · SiLU(W1 · [H ; S]): (…, H), (…, Hg) -> (…, V')."""
+        return self.correction_from_parts(self.correction_hidden_part(base_hidden), causal_state)
 
     @classmethod
     def from_target(cls, target, tokenizer=None, num_hidden_layers=1, block_size=16, **config_overrides):
@@ -258,18 +311,7 @@ class DominoDraftModel(DominoPreTrainedModel):
         )
         return cls(config).to(target.device)
 
-    # ------------------------------------------------------------------------------------ generation glue
-    def get_candidate_generator(self, target, generation_config, logits_processor, input_ids, stopping_criteria=None):
-        """Called by the `generate` dispatch when this draft is passed as `assistant_model`."""
-        return DominoCandidateGenerator(
-            draft=self,
-            target=target,
-            generation_config=generation_config,
-            logits_processor=logits_processor,
-            input_ids=input_ids,
-            stopping_criteria=stopping_criteria,
-        )
-
+    # ------------------------------------------------------------------------------------------ saving
     def push_to_hub(self, repo_id, *args, **kwargs):
         """Uploads with the Domino model card (domino-hf's `push_draft`) instead of 🤗's generic one."""
         try:

@@ -37,8 +37,11 @@ Returns:
     decode_ms_per_token (`float` or None), speedup (`float` or None).
 Examples:
     >>> metric = evaluate.load("domino_hf/bench/metrics/speculative_acceptance")
-    >>> metric.compute(accepted=[[3, 0, 2], [1]], decode_seconds=[0.09, 0.04], baseline_ms_per_token=20.0)
-    {'tau': 2.5, 'num_steps': 4, 'mean_accepted': 1.5, 'histogram': {1: 1, 2: 1, 3: 1, 4: 1}, 'decode_ms_per_token': 15.625, 'speedup': 1.28}
+    >>> out = metric.compute(accepted=[[3, 0, 2], [1]], decode_seconds=[0.09, 0.04], baseline_ms_per_token=20.0)
+    >>> out["tau"], out["num_steps"], out["mean_accepted"], out["histogram"]
+    (2.5, 4, 1.5, {1: 1, 2: 1, 3: 1, 4: 1})
+    >>> out["decode_ms_per_token"], out["speedup"]
+    (15.625, 1.28)
 """
 
 _CITATION = """\

@@ -1,4 +1,4 @@
-"""`domino train`: from a target and regenerated data to a trained Domino draft.
+"""The training recipe and the `domino train` subcommand: from a target and regenerated data to a trained draft.
 
 Runs unchanged as one CPU process (`domino train …`) or N processes (`accelerate launch -m domino_hf.train …`,
 `torchrun --nproc_per_node N -m domino_hf.train …`): `Trainer` picks up the distributed environment.
@@ -19,11 +19,13 @@ from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
+from ..modeling.generation_domino import acceptance_length
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
 from .features import CONFIG, FeatureStore, NonFiniteFeatures
 from .objective import DominoObjective
-from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining, last_complete_checkpoint
+from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
+from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +96,9 @@ def build_draft(target, tokenizer, config_path=None, init="random", config=None,
     torch.manual_seed(0)
     draft = DominoDraftModel(config or build_config(target, tokenizer, config_path, **overrides))
     if init == "target-layers":
-        logger.info("Initialised %d draft tensors from the target's last layers", init_from_target_layers(draft, target))
+        logger.info(
+            "Initialised %d draft tensors from the target's last layers", init_from_target_layers(draft, target),
+        )
     return draft
 
 
@@ -141,12 +145,13 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     if resume:
         logger.info("Resuming from %s", resume)
     trainer.train(resume_from_checkpoint=resume)
-    final = os.path.join(settings.output_dir, "final")
+    final = os.path.join(settings.output_dir, FINAL)
     if trainer.args.should_save:
         draft.save_pretrained(final)
-        with open(os.path.join(final, "training_summary.json"), "w", encoding="utf-8") as handle:
-            json.dump({"log_history": trainer.state.log_history, "examples": len(dataset), "skipped": dataset.skipped,
-                       "response_tokens": dataset.num_response_tokens(), "settings": settings.__dict__}, handle, indent=1)
+        with open(os.path.join(final, SUMMARY), "w", encoding="utf-8") as handle:
+            summary = {"log_history": trainer.state.log_history, "examples": len(dataset), "skipped": dataset.skipped,
+                       "response_tokens": dataset.num_response_tokens(), "settings": settings.__dict__}
+            json.dump(summary, handle, indent=1)
     return trainer
 
 
@@ -167,10 +172,17 @@ def register(subparsers) -> None:
 def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
     """The draft's sizing options, shared by `domino train` and `domino features` (which writes the config)."""
     draft = parser.add_argument_group("draft architecture")
-    draft.add_argument("--config", "--config_name", dest="config", default=None, help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the target (head sized by `head_sizes_for`).")
+    draft.add_argument(
+        "--config", "--config_name", dest="config", default=None,
+        help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the "
+             "target (head sized by `head_sizes_for`).",
+    )
     draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
-    draft.add_argument("--draft-vocab-size", type=int, default=None, help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.")
+    draft.add_argument(
+        "--draft-vocab-size", type=int, default=None,
+        help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.",
+    )
     draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
     return draft
 
@@ -184,7 +196,9 @@ def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
         eos = target.generation_config.eos_token_id
         always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
         ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
-        logger.info("Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage)
+        logger.info(
+            "Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage,
+        )
         overrides["draft_vocab_ids"] = ids
     config = build_config(target, tokenizer, args.config, **overrides)
     if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
@@ -201,30 +215,85 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     add_target_arguments(target)
     data = parser.add_argument_group("data")
-    data.add_argument("--data", "--train_file", dest="data", nargs="+", required=True, help="JSONL file(s) written by `domino regen`.")
-    data.add_argument("--max-length", "--max_seq_length", dest="max_length", type=int, default=3072, help="Truncate prompt+response to this many tokens.")
+    data.add_argument(
+        "--data", "--train_file", dest="data", nargs="+", required=True,
+        help="JSONL file(s) written by `domino regen`.",
+    )
+    data.add_argument(
+        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
+        help="Truncate prompt+response to this many tokens.",
+    )
     data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
-    data.add_argument("--features", default=None, help="Context features cached by `domino features` (no target forward while training).")
+    data.add_argument(
+        "--features", default=None,
+        help="Context features cached by `domino features` (no target forward while training).",
+    )
     draft = add_draft_arguments(parser)
-    draft.add_argument("--init", default="random", help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to continue from a trained draft.")
+    draft.add_argument(
+        "--init", default="random",
+        help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to "
+             "continue from a trained draft.",
+    )
     recipe = parser.add_argument_group("recipe")
-    recipe.add_argument("--out", "--output_dir", dest="out", required=True, help="Run folder: checkpoints, logs, and the final draft in OUT/final.")
-    recipe.add_argument("--epochs", "--num_train_epochs", dest="epochs", type=float, default=3.0, help="Passes over the data (paper: 3–6).")
-    recipe.add_argument("--max-steps", "--max_steps", dest="max_steps", type=int, default=-1, help="Stop after N optimizer steps (overrides --epochs when > 0).")
-    recipe.add_argument("--batch-size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4, help="Sequences per device per step.")
-    recipe.add_argument("--grad-accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1, help="Gradient accumulation steps (global batch = devices × batch × accum).")
-    recipe.add_argument("--lr", "--learning_rate", dest="lr", type=float, default=6e-4, help="Peak AdamW learning rate (cosine schedule, 4%% warmup).")
-    recipe.add_argument("--num-anchors", "--num_anchors", dest="num_anchors", type=int, default=32, help="Random anchors (blocks) per sequence, inside the response.")
-    recipe.add_argument("--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).")
+    recipe.add_argument(
+        "--out", "--output_dir", dest="out", required=True,
+        help="Run folder: checkpoints, logs, and the final draft in OUT/final.",
+    )
+    recipe.add_argument(
+        "--epochs", "--num_train_epochs", dest="epochs", type=float, default=3.0,
+        help="Passes over the data (paper: 3–6).",
+    )
+    recipe.add_argument(
+        "--max-steps", "--max_steps", dest="max_steps", type=int, default=-1,
+        help="Stop after N optimizer steps (overrides --epochs when > 0).",
+    )
+    recipe.add_argument(
+        "--batch-size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4,
+        help="Sequences per device per step.",
+    )
+    recipe.add_argument(
+        "--grad-accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1,
+        help="Gradient accumulation steps (global batch = devices × batch × accum).",
+    )
+    recipe.add_argument(
+        "--lr", "--learning_rate", dest="lr", type=float, default=6e-4,
+        help="Peak AdamW learning rate (cosine schedule, 4%% warmup).",
+    )
+    recipe.add_argument(
+        "--num-anchors", "--num_anchors", dest="num_anchors", type=int, default=32,
+        help="Random anchors (blocks) per sequence, inside the response.",
+    )
+    recipe.add_argument(
+        "--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).",
+    )
     recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
     run_group = parser.add_argument_group("run")
-    run_group.add_argument("--resume", action="store_const", const=True, default=False, help="Continue from the newest complete checkpoint in --out.")
-    run_group.add_argument("--resume_from_checkpoint", dest="resume", nargs="?", const=True, metavar="CHECKPOINT", help="Continue from CHECKPOINT (a checkpoint-N folder), or without a value from the newest complete one in --out.")
-    run_group.add_argument("--save-steps", "--save_steps", dest="save_steps", type=int, default=200, help="Checkpoint every N steps (atomic; resumable).")
-    run_group.add_argument("--logging-steps", "--logging_steps", dest="logging_steps", type=int, default=10, help="Log losses/accuracies/throughput every N steps.")
-    run_group.add_argument("--report-to", "--report_to", dest="report_to", default="none", help="Trainer integrations: none, tensorboard, wandb, …")
-    run_group.add_argument("--probe-prompts", default=None, help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.")
+    run_group.add_argument(
+        "--resume", action="store_const", const=True, default=False,
+        help="Continue from the newest complete checkpoint in --out.",
+    )
+    run_group.add_argument(
+        "--resume_from_checkpoint", dest="resume", nargs="?", const=True, metavar="CHECKPOINT",
+        help="Continue from CHECKPOINT (a checkpoint-N folder), or without a value from the newest complete one in "
+             "--out.",
+    )
+    run_group.add_argument(
+        "--save-steps", "--save_steps", dest="save_steps", type=int, default=200,
+        help="Checkpoint every N steps (atomic; resumable).",
+    )
+    run_group.add_argument(
+        "--logging-steps", "--logging_steps", dest="logging_steps", type=int, default=10,
+        help="Log losses/accuracies/throughput every N steps.",
+    )
+    run_group.add_argument(
+        "--report-to", "--report_to", dest="report_to", default="none",
+        help="Trainer integrations: none, tensorboard, wandb, …",
+    )
+    run_group.add_argument(
+        "--probe-prompts", default=None,
+        help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.",
+    )
     run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
     run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
     add_chat_template_argument(run_group)
@@ -240,7 +309,7 @@ def run(args) -> int:
         target, tokenizer = load_target(args.target, **target_kwargs(args))
         dataset = load_training_data(args.data, args.max_length, target.config.get_text_config().vocab_size, args.limit,
                                      exclude=BenchmarkFilter.for_benchmarks())
-    except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; Hub unreachable
+    except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
         logger.error("%s", err)
         return 2
     if args.features and not args.config and os.path.exists(os.path.join(args.features, CONFIG)):
@@ -267,7 +336,7 @@ def run(args) -> int:
     except (NonFiniteTraining, NonFiniteFeatures) as err:
         logger.error("%s", err)
         return 3
-    logger.info("Final draft written to %s", os.path.join(args.out, "final"))
+    logger.info("Final draft written to %s", os.path.join(args.out, FINAL))
     return 0
 
 
@@ -282,21 +351,21 @@ def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens, chat_
     def probe(draft) -> float:
         was_training = draft.training
         draft.eval()
-        accepted = steps = 0
+        accepted = []
         for input_ids in prompts:
-            target.generate(input_ids.to(target.device), assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
-            stats = draft.last_generation_stats
-            accepted += sum(stats.accepted)
-            steps += stats.num_steps
+            target.generate(
+                input_ids.to(target.device), assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False,
+            )
+            accepted += draft.last_generation_stats.accepted
         draft.train(was_training)
-        return round((accepted + steps) / max(steps, 1), 4)
+        return round(acceptance_length(accepted) or 0.0, 4)
 
     return probe
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", description="Train a Domino draft (see `domino train --help`).",
-                                     formatter_class=HelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", formatter_class=HelpFormatter,
+                                     description="Train a Domino draft (see `domino train --help`).")
     add_train_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
