@@ -164,11 +164,7 @@ class SpanModel:
 
     def expected(self, length: int) -> float:
         """Σ_{j≤length} Π_{i≤j} h_i: tokens a span of `length` gets accepted on average."""
-        total, chain = 0.0, 1.0
-        for rate in self.h[:length]:
-            chain *= rate
-            total += chain
-        return total
+        return expected_accepted(self.h[:length])
 
     def observe(self, span: list[int], verified: list[int]) -> None:
         for j, (token, target_token) in enumerate(zip(span, verified)):
@@ -202,7 +198,7 @@ class SourceChooser:
     def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
         self.cost = cost or VerifyCost()
         self.spans = SpanModel(max_span)
-        self.prior, self.alpha = prior, alpha
+        self.alpha = alpha
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
@@ -597,7 +593,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         step, accepted = self._step, int(num_matches)
         proposed, source = step.proposed, step.source
         self.stats.record(proposed, accepted, source, step.draft_ran)
-        verified = input_ids[0, -(accepted + 1) :].tolist()  # this step's accepted tokens + bonus: the target's
+        verified = input_ids[0, -(accepted + 1) :].tolist()  # this step's accepted tokens + bonus (the target's)
         shadow = None
         if step.shadow is not None:  # the draft ran but its block lost to a span: what would it have got?
             shadow = shadow_accepted(step.shadow.tolist(), verified)
