@@ -26,6 +26,7 @@ REMOTE_CODE_FILES = (
     "configuration_domino.py",
     "modeling_domino.py",
     "target_domino.py",
+    "hybrid_domino.py",
     "generation_domino.py",
     "dispatch_domino.py",
 )

@@ -10,7 +10,7 @@ from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, 
 from transformers import LogitsProcessorList
 
 from domino_hf import DominoCandidateGenerator
-from domino_hf.modeling.generation_domino import DraftBackoff, expected_accepted
+from domino_hf.modeling.hybrid_domino import DraftBackoff, expected_accepted
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -153,7 +153,7 @@ def lookup_steps(target, draft, n, seed, **kwargs):
 
 @pytest.mark.parametrize("forced", [False, True])
 def test_sampling_with_lookup_is_exact(target, monkeypatch, forced):
-    from domino_hf.modeling.generation_domino import SourceChooser
+    from domino_hf.modeling.hybrid_domino import SourceChooser
 
     draft = peaked_draft(target)
     if forced:
@@ -181,45 +181,68 @@ def test_wrong_lookup_q_is_caught(target, monkeypatch):
 
 
 def _step(source, proposed, predicted=None, span=None):
-    from domino_hf.modeling.generation_domino import _Step
+    from domino_hf.modeling.hybrid_domino import _Step
 
     return _Step(proposed, source, predicted, None, source == "domino", span)
 
 
+def _span(tokens, ngram=1):
+    from domino_hf.modeling.hybrid_domino import Span
+
+    return Span(list(tokens), ngram)
+
+
 def test_source_chooser_learns_from_acceptance():
-    from domino_hf.modeling.generation_domino import SourceChooser, VerifyCost
+    from domino_hf.modeling.hybrid_domino import SPAN_START_RATES, SourceChooser, VerifyCost
 
     chooser = SourceChooser(max_span=4, cost=VerifyCost(step=0.0, per_token=0.0))  # tokens alone decide
-    assert chooser.spans.expected(4) == pytest.approx(0.3 * (1 + 0.6 * (1 + 0.8 + 0.8**2)))  # starting rates
-    assert chooser.choose(2.0, 4, 0.1, length=4) == "domino"
+    span = _span([1, 2, 3, 4])  # found by a 1-gram match
+    h = SPAN_START_RATES[1]
+    assert chooser.span_model(span).expected(4) == pytest.approx(h[0] * (1 + h[1] * (1 + h[2] + h[2] ** 2)))
+    assert chooser.choose(2.0, 4, 0.1, span) == "domino"
     for _ in range(10):  # spans are copied verbatim, blocks over-rated by the draft
-        chooser.update(_step("lookup", 4, span=[1, 2, 3, 4]), 4, None, [1, 2, 3, 4, 5])
+        chooser.update(_step("lookup", 4, span=span), 4, None, [1, 2, 3, 4, 5])
         chooser.update(_step("domino", 4, predicted=2.0), 1, None, [7, 8])
-    assert chooser.spans.expected(4) > 3.5 and chooser.realised / chooser.predicted < 0.6
-    assert chooser.choose(2.0, 4, 0.1, length=4) == "lookup"
-    assert not chooser.needs_lookup_score(2.0, 4, length=4)  # history alone decides: no teacher-forced rollout
+    assert chooser.span_model(span).expected(4) > 3.4 and chooser.realised / chooser.predicted < 0.6
+    assert chooser.choose(2.0, 4, 0.1, span) == "lookup"
+    assert not chooser.needs_lookup_score(2.0, 4, span)  # history alone decides: no teacher-forced rollout
     for _ in range(10):  # spans stop being right, also on steps that did not send them
-        chooser.update(_step("domino", 4, predicted=2.0, span=[1, 2, 3, 4]), 2, None, [9, 9, 9])
-    assert chooser.spans.h[0] < 0.2
-    assert chooser.choose(4.0, 4, 0.1, length=4) == "domino"
-    assert chooser.needs_lookup_score(4.0, 4, length=4)
-    assert chooser.choose(4.0, 4, 3.5, length=4) == "lookup"  # unless the draft itself vouches for the span
+        chooser.update(_step("domino", 4, predicted=2.0, span=span), 2, None, [9, 9, 9])
+    assert chooser.span_model(span).h[0] < 0.2
+    assert chooser.choose(4.0, 4, 0.1, span) == "domino"
+    assert chooser.needs_lookup_score(4.0, 4, span)
+    assert chooser.choose(4.0, 4, 3.5, span) == "lookup"  # unless the draft itself vouches for the span
+
+
+def test_spans_are_judged_by_the_length_of_their_match():
+    """A 3-gram match is far more often right than a 1-gram one: each match length has its own history."""
+    from domino_hf.modeling.hybrid_domino import SourceChooser
+
+    chooser = SourceChooser(max_span=10)
+    weak, strong, longer = _span(range(10), ngram=1), _span(range(10), ngram=3), _span(range(10), ngram=5)
+    assert chooser.span_model(longer) is chooser.span_model(strong)  # 3 stands for 3 or more
+    assert chooser.span_model(strong).expected(10) > chooser.span_model(weak).expected(10) + 3
+    assert chooser.choose(1.5, 4, 0.0, strong) == "lookup" and chooser.choose(1.5, 4, 0.0, weak) == "domino"
+    for _ in range(10):  # weak spans turn out right in this text: only their own history moves
+        chooser.update(_step("lookup", 10, span=weak), 10, None, list(range(11)))
+    assert chooser.span_model(weak).h[0] > 0.85
+    assert chooser.span_model(_span(range(10), ngram=2)).h[0] == pytest.approx(0.55)
 
 
 def test_the_choice_weighs_verify_cost():
-    from domino_hf.modeling.generation_domino import SourceChooser, VerifyCost
+    from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
 
     cost = VerifyCost(step=0.08, per_token=0.025)
     assert cost(1) == 1.0 and cost(5) == pytest.approx(1.18) and cost(11) == pytest.approx(1.33)
     chooser = SourceChooser(max_span=10, cost=cost)
     # 1.1 expected tokens either way: the 4-token block's verify is cheaper than the 10-token span's
-    assert chooser.choose(1.1, 4, 1.1, length=10) == "domino"
-    assert chooser.choose(1.1, 4, 1.2, length=4) == "lookup"  # same cost: more tokens win
+    assert chooser.choose(1.1, 4, 1.1, _span(range(10))) == "domino"
+    assert chooser.choose(1.1, 4, 1.2, _span(range(4))) == "lookup"  # same cost: more tokens win
     assert VerifyCost.for_device(torch.device("meta"))(11) < 1.05  # accelerators: more tokens ~ free
 
 
 def test_span_model_scores_unsent_spans_as_far_as_the_verified_tokens_reach():
-    from domino_hf.modeling.generation_domino import SpanModel
+    from domino_hf.modeling.hybrid_domino import SpanModel
 
     spans = SpanModel(max_len=4, alpha=0.5, start=(0.5,))
     spans.observe([1, 2, 3, 4], [1, 2, 9])  # 2 accepted, 3rd rejected, 4th unseen
@@ -230,14 +253,15 @@ def test_span_model_scores_unsent_spans_as_far_as_the_verified_tokens_reach():
 
 def test_spans_go_first_without_drafting_when_they_win_by_far(fitted_pair, monkeypatch):
     """On copy-heavy text the draft is skipped for steps with a span; still lossless, and cheaper."""
-    from domino_hf.modeling.generation_domino import SourceChooser
+    from domino_hf.modeling.hybrid_domino import SourceChooser
 
     chooser = SourceChooser(max_span=4)
-    assert not chooser.span_first(4)
+    span = _span([1, 2, 3, 4])
+    assert not chooser.span_first(span)
     for _ in range(5):
-        chooser.update(_step("lookup", 4, span=[1, 2, 3, 4]), 3, None, [1, 2, 3, 9])
+        chooser.update(_step("lookup", 4, span=span), 3, None, [1, 2, 3, 9])
         chooser.update(_step("domino", 4), 0, None, [0])
-    assert chooser.span_first(4)
+    assert chooser.span_first(span)
 
     target, draft, _ = fitted_pair("llama", vocab_size=32)
     calls = []
@@ -249,7 +273,7 @@ def test_spans_go_first_without_drafting_when_they_win_by_far(fitted_pair, monke
 
 
 def test_shadow_accepted_is_the_common_prefix_with_the_verified_tokens():
-    from domino_hf.modeling.generation_domino import shadow_accepted
+    from domino_hf.modeling.hybrid_domino import shadow_accepted
 
     verified = [5, 6, 7]  # accepted tokens + bonus
     assert shadow_accepted([5, 6, 9, 9], verified) == 2
@@ -259,19 +283,20 @@ def test_shadow_accepted_is_the_common_prefix_with_the_verified_tokens():
 
 
 def test_a_whole_accepted_span_means_a_copy_is_under_way():
-    from domino_hf.modeling.generation_domino import SourceChooser
+    from domino_hf.modeling.hybrid_domino import SourceChooser
 
     chooser = SourceChooser(max_span=10)
+    span = _span(range(10))
     chooser.domino_average = 20.0  # blocks do well lately: only the copy rule can put spans first
     chooser.update(_step("lookup", 10), 10, None, [])
-    assert chooser.span_first(10)
+    assert chooser.span_first(span)
     chooser.update(_step("lookup", 10), 3, None, [])  # the copy ended
-    assert not chooser.span_first(10)
+    assert not chooser.span_first(span)
     chooser.update(_step("lookup", 2), 2, None, [])
     chooser.update(_step("domino", 4, predicted=1.0), 4, None, [])  # a block in between ends it too
-    assert not chooser.span_first(10)
+    assert not chooser.span_first(span)
     chooser.update(_step("none", 0), 0, None, [])  # nothing sent is no copy
-    assert not chooser.span_first(10)
+    assert not chooser.span_first(span)
 
 
 def test_blocks_that_lose_to_spans_are_scored_and_backed_off(monkeypatch):
@@ -291,3 +316,26 @@ def test_blocks_that_lose_to_spans_are_scored_and_backed_off(monkeypatch):
     assert lookup_with_draft and max(gains) <= 0  # span steps where the draft ran fed the back-off
     assert len(gains) == sum(stats.draft_runs)  # every draft run is accounted for
     assert sum(stats.draft_runs) < stats.num_steps / 2
+
+
+def test_context_lookup_takes_the_most_recent_longest_match():
+    from transformers.generation.logits_process import NoBadWordsLogitsProcessor
+
+    from domino_hf.modeling.hybrid_domino import ContextLookup
+
+    def lookup(ids, **kwargs):
+        span, ngram = ContextLookup(**{"max_tokens": 3, "max_ngram": 3, **kwargs})(torch.tensor([ids]))
+        return span.tolist(), ngram
+
+    assert lookup([5, 1, 2, 6, 1, 2, 7, 8, 2]) == ([7, 8, 2], 1)  # the most recent "2", not the first
+    assert lookup([9, 1, 2, 6, 4, 1, 2, 7, 4, 1, 2]) == ([7, 4, 1], 3)  # the 3-gram "4 1 2" beats the 2-gram "1 2"
+    assert lookup([9, 1, 2, 6, 4, 1, 2, 7, 4, 1, 2], max_ngram=2) == ([7, 4, 1], 2)
+    assert lookup([1, 2, 3, 4]) == ([], 0)  # nothing repeats
+    assert lookup([1, 2, 3, 1]) == ([2, 3, 1], 1)  # a span may run into the suffix itself
+    assert lookup([1, 2, 3, 1], max_tokens=1) == ([2], 1)
+    assert lookup([5, 1, 2, 0, 3, 1, 9, 0, 1], eos_token_id=[9]) == ([2, 0, 3], 1)  # "1 9…" cut empty: next match
+    assert lookup([5, 1, 2, 0, 3, 1, 4, 9, 1], eos_token_id=9) == ([4], 1)  # cut before the eos
+    no_sevens = LogitsProcessorList([NoBadWordsLogitsProcessor([[7]], eos_token_id=None)])
+    assert lookup([1, 6, 7, 3, 1], logits_processor=no_sevens, vocab_size=10) == ([6], 1)
+    with pytest.raises(ValueError, match="max_ngram > 0"):
+        ContextLookup(max_tokens=4, max_ngram=0)

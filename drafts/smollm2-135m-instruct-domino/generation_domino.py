@@ -15,13 +15,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import NamedTuple
-
 import torch
-from transformers.generation.candidate_generator import CandidateGenerator, PromptLookupCandidateGenerator
+from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from .hybrid_domino import (
+    DEFAULT_LOOKUP_NGRAM,
+    DEFAULT_LOOKUP_TOKENS,
+    ContextLookup,
+    DraftBackoff,
+    SourceChooser,
+    Span,
+    VerifyCost,
+    _Step,
+    expected_accepted,
+    shadow_accepted,
+)
 from .modeling_domino import DominoContextCache
 from .target_domino import (
     DominoHeadTables,
@@ -42,22 +52,7 @@ def acceptance_length(accepted) -> float | None:
     return (sum(accepted) + len(accepted)) / len(accepted) if len(accepted) else None
 
 
-# Context lookup (hybrid drafting) defaults: transformers' prompt lookup n-gram size, and the span length for
-# drafts saved before `DominoConfig.context_lookup_tokens` existed.
-DEFAULT_LOOKUP_TOKENS = 10
-DEFAULT_LOOKUP_NGRAM = 2
 _HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
-
-
-class _Step(NamedTuple):
-    """A proposal awaiting verification."""
-
-    proposed: int  # tokens sent to the target
-    source: str  # "domino", "lookup" or "none"
-    predicted: float | None  # the draft's expected accepted tokens for it, when scored
-    shadow: torch.Tensor | None  # (k,) the draft's block, when a span beat it
-    draft_ran: bool
-    span: list[int] | None  # the whole span lookup found this step (sent or not), scored after the verify
 
 
 class DominoGenerationStats:
@@ -98,169 +93,6 @@ class DominoGenerationStats:
         )
 
 
-class DraftBackoff:
-    """No-fit fallback: skip the draft while it does not pay for itself.
-
-    A drafted step costs the draft's forward and a longer verify (≈ 1.1–1.3× a plain step with
-    `optimize_for_cpu` kernels), so the draft pays off once its blocks get ≳ `min_gain` tokens accepted. A block
-    that lost to a lookup span counts with what it would have had accepted (`shadow_accepted`). While the moving
-    average (weight `alpha`, starting at `start`: 5 misses in a row pause a fresh draft; a draft averaging 0.4
-    is never paused) is below `min_gain`, take 1, 2, 4 … (at most `max_skip`) steps without the draft between
-    single probes; a probe that lifts the average back ends it. Decided from the acceptance history only, never
-    from the tokens of the step at hand: sampling stays exact.
-
-    (Judging the draft by its gain over the span instead, accepted minus what the span would have had, paused it
-    too often where it helps: MT-Bench τ 1.73 → 1.47 in the six-set benchmark.)
-    """
-
-    def __init__(self, min_gain: float = 0.25, alpha: float = 0.15, max_skip: int = 32, start: float = 0.5):
-        self.min_gain, self.alpha, self.max_skip = min_gain, alpha, max_skip
-        self.average = start
-        self.skip = self.skip_left = 0
-
-    def should_draft(self) -> bool:
-        if self.skip_left > 0:
-            self.skip_left -= 1
-            return False
-        return True
-
-    def update(self, gain: float) -> None:
-        """After a step the draft ran for: the tokens its block got (or would have got) accepted."""
-        self.average += self.alpha * (gain - self.average)
-        if self.average >= self.min_gain:
-            self.skip = self.skip_left = 0
-        else:
-            self.skip = min(max(1, 2 * self.skip), self.max_skip)
-            self.skip_left = self.skip
-
-
-class VerifyCost:
-    """Relative cost of a verify forward over k tokens, a plain step (k = 1) being 1: 1 + `step` + `per_token`·(k-1)
-    for k > 1. The CPU defaults fit the `optimize_for_cpu` column of docs/cpu_kernels.md (SmolLM2-135M fp32:
-    k = 2, 5, 9, 17 cost 1.11, 1.20, 1.29, 1.52). On a GPU a few more tokens are close to free, and
-    `for_device` assumes so (not measured here)."""
-
-    def __init__(self, step: float = 0.08, per_token: float = 0.025):
-        self.step, self.per_token = step, per_token
-
-    @classmethod
-    def for_device(cls, device: torch.device) -> VerifyCost:
-        return cls() if device.type == "cpu" else cls(step=0.01, per_token=0.002)
-
-    def __call__(self, k: int) -> float:
-        return 1.0 if k <= 1 else 1.0 + self.step + self.per_token * (k - 1)
-
-
-class SpanModel:
-    """What past lookup spans say about the next one: h[j] = P(token j+1 of a span is accepted | the tokens
-    before it were), a moving average (weight `alpha`) over every step that had a span, sent or not. The
-    verified tokens of a step (accepted + bonus: the target's own) show how far any span would have matched,
-    so an unsent span is scored too, as far as they reach. The starting rates are those of transformers' prompt
-    lookup over our six benchmark sets (0.29, 0.63, then 0.77–0.98)."""
-
-    def __init__(self, max_len: int, alpha: float = 0.2, start: tuple[float, ...] = (0.3, 0.6, 0.8)):
-        self.alpha = alpha
-        self.h = [start[min(j, len(start) - 1)] for j in range(max_len)]
-
-    def expected(self, length: int) -> float:
-        """Σ_{j≤length} Π_{i≤j} h_i: tokens a span of `length` gets accepted on average."""
-        return expected_accepted(self.h[:length])
-
-    def observe(self, span: list[int], verified: list[int]) -> None:
-        for j, (token, target_token) in enumerate(zip(span, verified)):
-            hit = token == target_token
-            self.h[j] += self.alpha * (hit - self.h[j])
-            if not hit:
-                break
-
-
-class SourceChooser:
-    """Picks the Domino block or the lookup span, whichever is expected to give more tokens per unit of verify
-    cost (`VerifyCost`: a 10-token span costs a longer verify than a 4-token block).
-
-    * Span: `SpanModel`'s expected accepted tokens, learnt from every past step that had a span; when the draft
-      ran, the larger of that and the draft's own expectation for the span (the draft may know a span is right
-      before the history does; the history knows spans the draft cannot predict, such as names and numbers).
-    * Domino: the draft's expected accepted tokens for its greedy block, scaled by realised ÷ predicted
-      accepted tokens of its past blocks in this `generate` call (`prior` pseudo-tokens each), since a draft's
-      confidence is not its acceptance rate.
-    * A span goes out without running the draft at all (`span_first`) while a copy is under way (the last step
-      was a span accepted in full), or when spans are expected to beat blocks by over a token. On copy-heavy
-      text this saves the draft's forward on most steps, which is what prompt lookup never pays.
-    * Blocks are also scored on steps where a span won (`shadow_accepted`), so a draft that loses every step to
-      spans learns that it does (`domino_average`, and the back-off) instead of running unseen on every step.
-
-    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ).
-    Everything here is a function of the context and of past verify steps, never of a token drawn for the step
-    at hand: sampling stays exact.
-    """
-
-    def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
-        self.cost = cost or VerifyCost()
-        self.spans = SpanModel(max_span)
-        self.alpha = alpha
-        self.realised = self.predicted = prior
-        self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
-        self.copying = False  # the last verify step accepted a whole span
-
-    def span_first(self, length: int) -> bool:
-        """Send the span without drafting: a copy is under way, or spans beat blocks by over a token lately."""
-        return self.copying or self.spans.expected(length) > self.domino_average + 1.0
-
-    def _values(self, domino_score: float, block: int, lookup_score: float, length: int) -> tuple[float, float]:
-        """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""
-        domino = (1.0 + domino_score * self.realised / self.predicted) / self.cost(block + 1)
-        lookup = (1.0 + max(lookup_score, self.spans.expected(length))) / self.cost(length + 1)
-        return domino, lookup
-
-    def needs_lookup_score(self, domino_score: float, block: int, length: int) -> bool:
-        """Whether the draft's score of the span can change the choice (else its rollout is skipped)."""
-        domino, lookup = self._values(domino_score, block, 0.0, length)
-        return lookup <= domino < self._values(domino_score, block, float(length), length)[1]
-
-    def choose(self, domino_score: float, block: int, lookup_score: float, length: int) -> str:
-        domino, lookup = self._values(domino_score, block, lookup_score, length)
-        return "lookup" if lookup > domino else "domino"
-
-    def update(self, step: _Step, accepted: int, shadow: int | None, verified: list[int]) -> None:
-        """After a verify step: `shadow` is what the draft's block would have had accepted when a span beat it."""
-        self.copying = step.source == "lookup" and 0 < step.proposed == accepted
-        if step.span is not None:
-            self.spans.observe(step.span, verified)
-        if step.source == "lookup" and shadow is not None:
-            self.domino_average += self.alpha * (shadow - self.domino_average)
-        elif step.source == "domino":
-            self.domino_average += self.alpha * (accepted - self.domino_average)
-            if step.predicted is not None:
-                self.predicted += step.predicted
-                self.realised += accepted
-
-
-def shadow_accepted(proposal: list[int], verified: list[int]) -> int:
-    """Tokens of a proposal that was not sent that the target would have accepted, as far as the verified
-    tokens (this step's accepted tokens + bonus, the target's own) show: the length of their common prefix.
-    Exact in greedy decoding up to `len(verified)`; a lower bound past it."""
-    n = 0
-    while n < min(len(proposal), len(verified)) and proposal[n] == verified[n]:
-        n += 1
-    return n
-
-
-def expected_accepted(probs: list[float], length: int | None = None) -> float:
-    """Σ_k Π_{j≤k} p_j: tokens a verifier would accept on average if the draft's probabilities were right.
-    `length` > len(probs) extends the chain at the scored tokens' geometric-mean rate (a lookup span is longer
-    than the block the draft can score)."""
-    total, chain = 0.0, 1.0
-    for p in probs:
-        chain *= p
-        total += chain
-    extra = (length or len(probs)) - len(probs)
-    if extra > 0 and probs and chain > 0:
-        rate = chain ** (1.0 / len(probs))
-        total += chain * sum(rate**t for t in range(1, extra + 1))
-    return total
-
-
 def drafting_settings(config, generation_config) -> dict:
     """Per-call drafting settings: `generate`'s GenerationConfig first, then the draft's config.
 
@@ -272,7 +104,8 @@ def drafting_settings(config, generation_config) -> dict:
       default 0.4; `generate` fills that default in before we see the config, so an explicit 0.4 cannot be
       told from an unset one, and the draft's `draft_confidence_threshold` applies then.
     * `prompt_lookup_num_tokens`: the context-lookup span (0 turns the lookup off; unset: the draft's
-      `context_lookup_tokens`, else `DEFAULT_LOOKUP_TOKENS`); `max_matching_ngram_size` its n-gram size.
+      `context_lookup_tokens`, else `DEFAULT_LOOKUP_TOKENS`); `max_matching_ngram_size` the longest n-gram
+      matched (unset: `DEFAULT_LOOKUP_NGRAM`).
     """
     defaults = generation_config._get_default_generation_params()
     threshold = generation_config.assistant_confidence_threshold
@@ -297,7 +130,7 @@ class DominoCandidateGenerator(CandidateGenerator):
     """Proposes candidates for transformers' assisted decoding (batch size 1), one verify step at a time.
 
     Each step it has two proposals: the Domino block and, when the sequence's last n-gram occurred before, the
-    span that followed it (transformers' prompt lookup). It keeps the one with more expected accepted tokens
+    span that followed its most recent occurrence (`ContextLookup`). It keeps the one with more expected accepted tokens
     under the draft's own probabilities, calibrated by past acceptance (`SourceChooser`), all computed before
     any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span
     is deterministic given the context, so its q is one-hot. When the draft's blocks keep being rejected it
@@ -339,18 +172,16 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.cap, self.schedule, self.threshold = settings["cap"], settings["schedule"], settings["threshold"]
         self.lookup = None
         if settings["lookup_tokens"] > 0:
-            eos = generation_config.eos_token_id
-            self.lookup = PromptLookupCandidateGenerator(
-                eos_token_id=None if eos is None else torch.tensor(eos).reshape(-1),
-                num_output_tokens=settings["lookup_tokens"],
-                max_matching_ngram_size=settings["lookup_ngram"],
-                max_length=self.max_length,
-                logits_processor=self.logits_processor or None,
+            self.lookup = ContextLookup(
+                settings["lookup_tokens"],
+                settings["lookup_ngram"],
+                eos_token_id=generation_config.eos_token_id,
+                logits_processor=self.logits_processor,
                 vocab_size=self.head.vocab_size,
             )
         self.backoff = DraftBackoff()
         self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), VerifyCost.for_device(target.device))
-        self._span: list[int] | None = None  # the span lookup found at the step being proposed
+        self._span: Span | None = None  # the span lookup found at the step being proposed
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
@@ -372,9 +203,9 @@ class DominoCandidateGenerator(CandidateGenerator):
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
-        span = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
-        self._span = span.tolist() if len(span) else None
-        if len(span) and self.chooser.span_first(len(span)):
+        span, ngram = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
+        self._span = Span(span.tolist(), ngram) if len(span) else None
+        if self._span and self.chooser.span_first(self._span):
             return self._propose_lookup(input_ids, span)
         if not self.backoff.should_draft():
             return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
@@ -389,10 +220,10 @@ class DominoCandidateGenerator(CandidateGenerator):
         if len(span):  # choose before drawing anything: both scores are functions of the context only
             greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
             scores = {"domino": expected_accepted(domino_probs), "lookup": 0.0}
-            if self.chooser.needs_lookup_score(scores["domino"], n_draft, len(span)):
+            if self.chooser.needs_lookup_score(scores["domino"], n_draft, self._span):
                 lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
                 scores["lookup"] = expected_accepted(lookup_probs, len(span))
-            source = self.chooser.choose(scores["domino"], n_draft, scores["lookup"], len(span))
+            source = self.chooser.choose(scores["domino"], n_draft, scores["lookup"], self._span)
             predicted = scores[source]
             if source == "lookup":
                 clock("head_rollout")
@@ -425,16 +256,17 @@ class DominoCandidateGenerator(CandidateGenerator):
         return self._propose(input_ids, ids, logits, "lookup", predicted, shadow, draft_ran=shadow is not None)
 
     def _lookup_span(self, input_ids, budget):
-        """Transformers' prompt lookup on prompt + generated text, cut at `budget` and at a stop criterion."""
+        """The context-lookup span (S,) on prompt + generated text, cut at `budget` and at a stop criterion, and
+        the n-gram length of its match."""
         if self.lookup is None:
-            return input_ids.new_zeros(0)
-        candidates, _ = self.lookup.get_candidates(input_ids)
-        span = candidates[0, input_ids.shape[1] :][:budget]
+            return input_ids.new_zeros(0), 0
+        span, ngram = self.lookup(input_ids)
+        span = span[:budget]
         if self.extra_stopping:
             for j in range(len(span)):
                 if self._stops(torch.cat([input_ids, span[None, : j + 1]], dim=1)):
-                    return span[:j]  # never propose past a stop: the target's own token must stop generation
-        return span
+                    return span[:j], ngram  # never propose past a stop: the target's own token must stop generation
+        return span, ngram
 
     def _stops(self, sequence) -> bool:
         """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires."""
