@@ -48,3 +48,24 @@ def test_shipped_draft_training_data_has_no_benchmark_prompt(benchmark_filter):
     with path.open(encoding="utf-8") as handle:
         flagged = [row["id"] for row in map(json.loads, handle) if benchmark_filter(row["prompt"])]
     assert flagged == []
+
+
+def test_every_user_turn_of_a_multi_turn_record_is_checked(tiny_llama, tmp_path, benchmark_filter):
+    """`regen --turns all` rows: a benchmark prompt as a later turn drops that turn and every turn after it (their
+    prompts hold it); as a first turn, it drops the whole conversation."""
+    from domino_hf.training.regen import regenerate
+
+    model, tokenizer = tiny_llama
+    mt_bench = read_prompts("mt_bench").records[0].turns[0]
+    humaneval = read_prompts("humaneval").records[0].turns[0]
+    conversations = {"clean": ["w1 w2", "w3", "w4"], "later": ["w5 w6", mt_bench, "w7"], "first": [humaneval, "w8"]}
+    source = tmp_path / "sharegpt.jsonl"
+    source.write_text("".join(json.dumps({"id": cid, "conversations": [{"from": "human", "value": u} for u in users]})
+                              + "\n" for cid, users in conversations.items()))
+    out = tmp_path / "regen.jsonl"
+    regenerate(model, tokenizer, read_prompts(str(source)), out, max_new_tokens=3, max_prompt_tokens=400, turns="all")
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 8  # every turn was answered
+    kept = RegenDataset.from_jsonl(out, exclude=benchmark_filter).examples
+    assert [(e.prompt, e.earlier_prompts) for e in kept] == [("w1 w2", ()), ("w5 w6", ()), ("w3", ("w1 w2",)),
+                                                             ("w4", ("w1 w2", "w3"))]

@@ -178,6 +178,23 @@ def test_resume_after_a_kill(server, reference, tmp_path):
     assert {r["id"]: r for r in rows} == {r["id"]: r for r in reference[0]}
 
 
+def test_later_turns_follow_the_servers_own_answers(server, target, reference, tmp_path):
+    """`--turns all`: turn 2 is sent once turn 1 is answered, with that answer (not the source's) as history."""
+    tokenizer, _ = target
+    prompts = PromptSet([PromptRecord(id="q0", turns=[PROMPTS[0], "Now three more."]),
+                         PromptRecord(id="q1", turns=[PROMPTS[1]])], 0, "test")
+    out = tmp_path / "turns.jsonl"
+    summary = regenerate_via_endpoint(_engine(server.url, target), prompts, out, concurrency=2, turns="all")
+    rows = _rows(out)
+    assert sorted(r["id"] for r in rows[:2]) == ["q0", "q1"] and rows[2]["id"] == "q0#t2"
+    assert summary["written"] == 3 and summary["skipped_no_history"] == 0
+    by_id = {r["id"]: r for r in reference[0]}
+    assert rows[0] == by_id[rows[0]["id"]] and rows[1] == by_id[rows[1]["id"]]  # turn 1 as with `first`
+    history = [PROMPTS[0], by_id["q0"]["response"], "Now three more."]
+    assert rows[2]["prompt_ids"] == chat_input_ids(tokenizer, history)
+    assert rows[2]["turn"] == 2 and rows[2]["earlier_prompts"] == [PROMPTS[0]]
+
+
 def test_server_dying_mid_run_loses_nothing_and_says_so(target, reference, tmp_path):
     out = tmp_path / "out.jsonl"
     srv = LlamaServer()

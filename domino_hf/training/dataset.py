@@ -26,6 +26,7 @@ class RegenExample:
     prompt_ids: list[int]
     response_ids: list[int]
     prompt: str = ""  # the prompt's text, when the record has it (decontamination reads it)
+    earlier_prompts: tuple[str, ...] = ()  # a later turn's earlier user turns (decontamination reads them too)
 
 
 @dataclass
@@ -51,7 +52,8 @@ class RegenDataset(Dataset):
     def from_jsonl(
         cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None, exclude=None
     ):
-        """Read regen JSONL file(s). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`);
+        """Read regen JSONL file(s). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`)
+        when it flags the prompt or any earlier user turn of a multi-turn record (`earlier_prompts`);
         `domino train` and `domino features` apply the same filter, so feature shards stay aligned."""
         examples, skipped, excluded = [], 0, 0
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
@@ -63,7 +65,7 @@ class RegenDataset(Dataset):
                     if example is None:
                         skipped += line.strip() != ""
                         continue
-                    if exclude is not None and exclude(example.prompt):
+                    if exclude is not None and any(map(exclude, (example.prompt, *example.earlier_prompts))):
                         excluded += 1
                         continue
                     room = max_length - len(example.prompt_ids)
@@ -107,7 +109,10 @@ def _parse_line(line: str, vocab_size: int | None) -> RegenExample | None:
     if not (isinstance(prompt, list) and isinstance(response, list) and prompt and len(response) >= 2 and ids_ok):
         return None
     text = record.get("prompt") if isinstance(record.get("prompt"), str) else ""
-    return RegenExample(prompt_ids=prompt, response_ids=response, prompt=text)
+    earlier = record.get("earlier_prompts", [])
+    if not (isinstance(earlier, list) and all(isinstance(t, str) for t in earlier)):
+        return None  # a later turn whose history cannot be checked against the benchmarks is not used
+    return RegenExample(prompt_ids=prompt, response_ids=response, prompt=text, earlier_prompts=tuple(earlier))
 
 
 def build_draft_vocab(dataset: RegenDataset, size: int, always: tuple[int, ...] = ()) -> tuple[list[int], float]:

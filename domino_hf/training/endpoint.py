@@ -34,8 +34,9 @@ from urllib.parse import urlsplit
 
 from tqdm.auto import tqdm
 
-from ..data import PromptRecord, PromptSet
-from .regen import _append, _special_ids, make_row, pending_prompts, summarize
+from ..data import PromptSet
+from .regen import _append, _special_ids, make_row, plan_turns, summarize
+from .turns import TurnPrompt
 
 logger = logging.getLogger(__name__)
 
@@ -360,66 +361,75 @@ def regenerate_via_endpoint(
     limit: int | None = None,
     system: str | None = None,
     chat_template: str = "auto",
+    turns: str = "first",
 ) -> dict[str, Any]:
     """Like `regen.regenerate`, with the answers coming from `engine`'s server, `concurrency` at a time.
 
-    Rows are appended in the order answers arrive (ids stay keyed to their answers). On a server error the
-    requests already in flight are finished and written before the error is raised, so nothing answered is
-    lost and a rerun resumes. Returns the run's counts, plus `token_mismatches`.
+    Rows are appended in the order answers arrive (ids stay keyed to their answers); with `turns="all"` a turn
+    is sent once every answer of the turn before it is in. On a server error the requests already in flight are
+    finished and written before the error is raised, so nothing answered is lost and a rerun resumes. Returns
+    the run's counts, plus `token_mismatches`.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be positive")
     out_path = Path(out_path)
     tokenizer = engine.tokenizer
-    todo, counts = pending_prompts(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template)
+    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns)
+    counts = plan.counts
     counts["token_mismatches"] += 0
     start = time.perf_counter()
-    queue = iter(todo)
     failure: BaseException | None = None
 
     def text_of(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False)
 
     with out_path.open("a", encoding="utf-8") as fh, \
-            tqdm(total=len(todo), unit="answer", desc="regen (endpoint)") as bar, \
+            tqdm(total=0, unit="answer", desc="regen (endpoint)") as bar, \
             ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="regen") as pool:
 
-        def write(done: list[tuple[tuple[PromptRecord, list[int]], dict[str, Any]]]) -> None:
-            rows = [make_row(tokenizer, record, ids, *engine.answer_ids(reply, counts), counts)
-                    for (record, ids), reply in done]
+        def write(done: list[tuple[TurnPrompt, dict[str, Any]]]) -> None:
+            rows = [make_row(tokenizer, item, *engine.answer_ids(reply, counts), counts) for item, reply in done]
             _append(fh, rows)
+            plan.answered(rows)
             bar.update(len(rows))
             bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
 
-        first = next(queue, None)
-        if first is not None:  # alone: it settles how prompts are sent
-            write([(first, engine.first_request(first[1], text_of(first[1]), first[0].id))])
-        in_flight: dict[Future, tuple[PromptRecord, list[int]]] = {}
-        while True:
-            while failure is None and len(in_flight) < concurrency:
-                item = next(queue, None)
-                if item is None:
+        for todo in plan:  # one turn at a time: the next turn's prompts hold this turn's answers
+            bar.total += len(todo)
+            bar.refresh()
+            queue = iter(todo)
+            if counts["written"] == 0:  # the run's first request, alone: it settles how prompts are sent
+                first = next(queue)
+                write([(first, engine.first_request(first.prompt_ids, text_of(first.prompt_ids), first.id))])
+            in_flight: dict[Future, TurnPrompt] = {}
+            while True:
+                while failure is None and len(in_flight) < concurrency:
+                    item = next(queue, None)
+                    if item is None:
+                        break
+                    ids = item.prompt_ids
+                    in_flight[pool.submit(engine.complete, ids, text_of(ids), item.id)] = item
+                if not in_flight:
                     break
-                in_flight[pool.submit(engine.complete, item[1], text_of(item[1]), item[0].id)] = item
-            if not in_flight:
+                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+                done = []
+                for future in finished:
+                    item = in_flight.pop(future)
+                    if future.exception() is not None:
+                        failure = failure or future.exception()
+                    else:
+                        done.append((item, future.result()))
+                if done:
+                    write(done)
+            if failure is not None:
                 break
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            done = []
-            for future in finished:
-                item = in_flight.pop(future)
-                if future.exception() is not None:
-                    failure = failure or future.exception()
-                else:
-                    done.append((item, future.result()))
-            if done:
-                write(done)
     seconds = time.perf_counter() - start
     if failure is not None:
         fix = ("restart the server if it died, then rerun the same command to resume"
                if isinstance(failure, ServerUnavailable) else "rerun to resume once fixed")
         raise EndpointError(f"{failure} — {counts['written']} answers written to {out_path} this run; {fix}") \
             from failure
-    summary = summarize(counts, seconds, out_path, extra=("token_mismatches",))
+    summary = summarize(counts, seconds, out_path, extra=("token_mismatches", *plan.extra_counts))
     summary["answers_per_s"] = round(counts["written"] / max(seconds, 1e-9), 2)
     if counts["token_mismatches"]:
         logger.warning("%d of %d answers did not round-trip exactly through the target's tokenizer (their text is "
@@ -471,7 +481,7 @@ def run_endpoint(args: argparse.Namespace) -> int:
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
         regenerate_via_endpoint(engine, prompts, args.out, concurrency=args.concurrency,
                                 max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system,
-                                chat_template=getattr(args, "chat_template", "auto"))
+                                chat_template=getattr(args, "chat_template", "auto"), turns=args.turns)
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # EndpointError is a RuntimeError
         logger.error("%s", err)
         return 2
