@@ -241,6 +241,7 @@ def test_the_choice_weighs_verify_cost():
     assert VerifyCost.for_device(torch.device("meta"))(11) < 1.05  # accelerators: more tokens ~ free
 
 
+
 def test_span_model_scores_unsent_spans_as_far_as_the_verified_tokens_reach():
     from domino_hf.modeling.hybrid_domino import SpanModel
 
@@ -333,6 +334,8 @@ def test_context_lookup_takes_the_most_recent_longest_match():
     assert lookup([1, 2, 3, 4]) == ([], 0)  # nothing repeats
     assert lookup([1, 2, 3, 1]) == ([2, 3, 1], 1)  # a span may run into the suffix itself
     assert lookup([1, 2, 3, 1], max_tokens=1) == ([2], 1)
+    assert lookup([7, 0, 0, 0]) == ([0, 0, 0], 2)  # a repeat continues periodically, not cut at the end
+    assert lookup([7, 4, 5, 4, 5, 4], max_tokens=5) == ([5, 4, 5, 4, 5], 3)
     assert lookup([5, 1, 2, 0, 3, 1, 9, 0, 1], eos_token_id=[9]) == ([2, 0, 3], 1)  # "1 9…" cut empty: next match
     assert lookup([5, 1, 2, 0, 3, 1, 4, 9, 1], eos_token_id=9) == ([4], 1)  # cut before the eos
     no_sevens = LogitsProcessorList([NoBadWordsLogitsProcessor([[7]], eos_token_id=None)])
