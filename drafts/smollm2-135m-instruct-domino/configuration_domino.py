@@ -48,10 +48,10 @@ class DominoConfig(PretrainedConfig):
             proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
             beat the full block. Lossless (fewer candidates). Caps context-lookup spans too.
         context_lookup_tokens (`int`): hybrid drafting. Each step the generator also looks the sequence's last
-            n-gram up in the prompt and the generated text (transformers' prompt lookup) and proposes the span
-            that followed it, up to this many tokens, instead of the Domino block when that span is expected to
-            get more tokens accepted (decided before any draw: exact). 0 = Domino blocks only. A per-call
-            `generate(prompt_lookup_num_tokens=…)` overrides it.
+            n-gram up in the prompt and the generated text (`ContextLookup` in `hybrid_domino.py`: its most recent
+            occurrence) and proposes the span that follows it, up to this many tokens, instead of the Domino
+            block when that span is expected to get more tokens accepted (decided before any draw: exact).
+            0 = Domino blocks only. A per-call `generate(prompt_lookup_num_tokens=…)` overrides it.
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for (named in the error raised when the draft does not fit a target).
         bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
