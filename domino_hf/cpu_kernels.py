@@ -10,7 +10,8 @@ Contract of `optimize_for_cpu(model)`:
 * In place, returns the model; idempotent (a second call repacks nothing). Opt-in, for inference.
 * Every plain `nn.Linear` on the CPU in float32 or bfloat16 gets a packed copy of its weight (the LM head
   included; a tied input embedding keeps using the original tensor). Subclasses of `nn.Linear` (quantised
-  layers, LoRA wrappers, …) and other dtypes are left alone and counted in one log line.
+  layers, LoRA wrappers, …) and other dtypes are left alone and counted in one log line, and so are bfloat16
+  layers on a CPU where oneDNN has no bf16 path (AVX2-only machines: it needs AVX-512 or AVX-NE-CONVERT).
 * The parameters are untouched, so `state_dict`/`save_pretrained` write exactly what they wrote before: the
   packed copy is a plain attribute, never a buffer.
 * Always correct, never stale: the packed copy is used only when no gradient is needed and the weight is
@@ -39,6 +40,21 @@ logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _warned_devices: set[str] = set()
+_dtype_support: dict[torch.dtype, bool] = {}
+
+
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN packs weights of `dtype` on this CPU: asked once, by packing a tiny weight (its bf16 path
+    refuses CPUs without AVX-512 or AVX-NE-CONVERT)."""
+    if dtype not in PACKABLE_DTYPES:
+        return False
+    if dtype not in _dtype_support:
+        try:
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
+            _dtype_support[dtype] = True
+        except RuntimeError:
+            _dtype_support[dtype] = False
+    return _dtype_support[dtype]
 
 
 def _weight_key(weight: torch.Tensor) -> tuple:
@@ -112,14 +128,14 @@ def optimize_for_cpu(model: nn.Module) -> nn.Module:
         for module in model.modules():
             if type(module) is PackedLinear:
                 already += 1
-            elif type(module) is nn.Linear and module.weight.device.type == "cpu" and (
-                module.weight.dtype in PACKABLE_DTYPES
-            ):
+            elif type(module) is nn.Linear and module.weight.device.type == "cpu" and packable(module.weight.dtype):
                 module.__class__ = PackedLinear
                 module.repack()
                 packed += 1
             elif isinstance(module, nn.Linear):
                 reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
+                if module.weight.dtype in PACKABLE_DTYPES:
+                    reason += " (no oneDNN kernels for it on this CPU)"
                 skipped[reason] = skipped.get(reason, 0) + 1
     if packed or skipped or already:
         detail = ", ".join(f"{n} × {why}" for why, n in sorted(skipped.items()))

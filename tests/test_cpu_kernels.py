@@ -143,3 +143,20 @@ def test_skipped_layers_are_counted_and_other_devices_warned(caplog):
         optimize_for_cpu(meta)
     assert not is_optimized(meta)
     assert caplog.text.count("not the CPU") == 1
+
+
+def test_bf16_layers_stay_stock_where_onednn_has_no_bf16_path(monkeypatch, caplog):
+    """AVX2-only CPUs: oneDNN refuses to pack bf16 weights; those layers keep stock kernels and say why."""
+    from domino_hf import cpu_kernels
+
+    assert isinstance(cpu_kernels.packable(torch.bfloat16), bool)  # the real probe, whatever this CPU is
+    assert cpu_kernels.packable(torch.float32) and not cpu_kernels.packable(torch.float16)
+    monkeypatch.setitem(cpu_kernels._dtype_support, torch.bfloat16, False)
+    draft_target = make_tiny_target("llama", vocab_size=32)
+    draft = make_tiny_draft(draft_target).to(torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
+        optimize_for_cpu(draft)
+    assert packed_layers(draft) == 0 and "no oneDNN kernels for it on this CPU" in caplog.text
+    optimize_for_cpu(draft_target)
+    ids = tiny_prompts(1, vocab_size=32)[0]
+    greedy_both(draft_target, draft, ids, max_new_tokens=8)  # a bf16 draft on stock kernels: still lossless
