@@ -5,6 +5,10 @@
 # no draft is trained on. Resumable: rerun and unfinished arms continue from their newest checkpoint, finished
 # ones are skipped. `python examples/ablation_table.py` prints the table for docs/training.md.
 #   ARMS="base block8" STEPS=600 bash examples/ablate_smollm2.sh
+# The `kl` arm (`--loss kl`: KL to the target's top-K next-token distribution instead of cross entropy on its
+# tokens) needs features that also hold the target's top-K: they are extracted first into KL_FEATURES with the
+# same draft config (`domino features --kl-topk`, resumable; its time is not in the arm's CPU-h), or, with
+# KL_FEATURES=none, the arm runs the target's forward in every step instead (~8x slower a step, no extraction).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
@@ -12,7 +16,9 @@ DATA="${DATA:-$CACHE/data/round1.jsonl}"
 FEATURES="${FEATURES:-$CACHE/features/round1-l1-14-27}"
 OUT="${OUT:-$CACHE/ablations}"
 STEPS="${STEPS:-600}"
-ARMS="${ARMS:-base block8 init_target layers3 gamma_wide}"
+ARMS="${ARMS:-base block8 init_target layers3 gamma_wide kl}"
+KL_TOPK="${KL_TOPK:-32}"
+KL_FEATURES="${KL_FEATURES:-$FEATURES-top$KL_TOPK}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
 EVAL_PROMPTS="${EVAL_PROMPTS:-4}"   # per set
 EVAL_TOKENS="${EVAL_TOKENS:-64}"
@@ -24,16 +30,26 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     init_target) echo "--block-size 4 --num-layers 2 --init target-layers" ;;
     layers3) echo "--block-size 4 --num-layers 3 --init random" ;;
     gamma_wide) echo "--block-size 4 --num-layers 2 --init random --gamma 8" ;;
+    kl) echo "--block-size 4 --num-layers 2 --init random --loss kl --kl-topk $KL_TOPK" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
+}
+
+features_for() {  # the --features option of an arm: the kl arm reads the target's top-K too
+  if [ "$1" != kl ]; then echo "--features $FEATURES"; return; fi
+  if [ "$KL_FEATURES" = none ]; then return; fi
+  domino features --target smollm2 --data "$DATA" --config "$FEATURES/draft_config.json" --kl-topk "$KL_TOPK" \
+    --out "$KL_FEATURES" >&2
+  echo "--features $KL_FEATURES"
 }
 
 for arm in $ARMS; do
   run="$OUT/$arm"
   if [ ! -f "$run/final/config.json" ]; then
     mkdir -p "$run"
-    # shellcheck disable=SC2046
-    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data "$DATA" --features "$FEATURES" $(arm_options "$arm") \
+    features="$(features_for "$arm")"
+    # shellcheck disable=SC2046,SC2086
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data "$DATA" $features $(arm_options "$arm") \
       --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 \
       --save-steps 100 --logging-steps 50 --seed 0 --resume
   fi

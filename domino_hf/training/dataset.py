@@ -39,9 +39,15 @@ class RegenDataset(Dataset):
     source: str = ""
     max_length: int = 3072
     features: object = None  # an optional `FeatureStore` with the target's context features
+    kl_topk: int = 0  # > 0: also read the target's top-k next tokens from `features` (for `--loss kl`)
 
-    def use_features(self, store) -> None:
-        """Read context features from `store` instead of running the target; keeps the extracted prefix."""
+    def use_features(self, store, kl_topk: int = 0) -> None:
+        """Read context features from `store` instead of running the target, and with `kl_topk` > 0 the target's
+        top-`kl_topk` next tokens too (a ValueError naming the fix when `store` lacks them); keeps the
+        extracted prefix."""
+        if kl_topk:
+            store.require_topk(kl_topk)
+        self.kl_topk = kl_topk
         available = store.available()
         if available < len(self.examples):
             logger.warning("Features exist for %d of %d examples: training on those", available, len(self.examples))
@@ -91,8 +97,11 @@ class RegenDataset(Dataset):
         example = self.examples[index]
         item = {"index": index, "epoch": self.epoch,
                 "prompt_ids": example.prompt_ids, "response_ids": example.response_ids}
+        length = len(example.prompt_ids) + len(example.response_ids)
         if self.features is not None:
-            item["features"] = self.features.get(index, len(example.prompt_ids) + len(example.response_ids))
+            item["features"] = self.features.get(index, length)
+        if self.kl_topk:
+            item["target_topk"] = self.features.get_topk(index, len(example.prompt_ids), length, self.kl_topk)
         return item
 
     def num_response_tokens(self) -> int:
@@ -134,6 +143,8 @@ class AnchorCollator:
 
     An anchor a needs a label x_{a+1}, so a ∈ [len(prompt), len - 2]. Labels of draft token j are x_{a+1+j}
     mapped to draft-vocabulary indices (-1 = outside the sub-vocabulary, -100 = past the end / no anchor).
+    Cached features come as `context_hidden` (b, L, n·H); a cached target top-k as `target_topk_ids` (b, L, K)
+    target ids and `target_topk_logp` (b, L, K) log-probs, -inf at positions that have none (prompt, padding).
     """
 
     def __init__(self, config, num_anchors: int, pad_token_id: int = 0, seed: int = 0):
@@ -172,6 +183,15 @@ class AnchorCollator:
             for row, feature in enumerate(features):
                 context[row, : feature["features"].shape[0]] = feature["features"]
             batch["context_hidden"] = context
+        if "target_topk" in features[0]:
+            k = features[0]["target_topk"][0].shape[-1]
+            batch["target_topk_ids"] = torch.zeros(b, seq_len, k, dtype=torch.long)
+            batch["target_topk_logp"] = torch.full((b, seq_len, k), float("-inf"))
+            for row, feature in enumerate(features):
+                ids, logp = feature["target_topk"]  # (R, K): response positions len(prompt) … len-1
+                start = len(feature["prompt_ids"])
+                batch["target_topk_ids"][row, start : start + ids.shape[0]] = ids
+                batch["target_topk_logp"][row, start : start + ids.shape[0]] = logp.float()
         return batch
 
 

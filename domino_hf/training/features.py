@@ -12,6 +12,13 @@ fp16's 65504, so plain fp16 is no default. `bfloat16` (default) has fp32's range
 three extra mantissa bits and stores a power-of-two scale per layer and example so nothing overflows;
 `float32` is exact at twice the disk. Non-finite values are never written: extraction fails naming the
 example and the layer.
+
+Soft labels for `domino train --loss kl` (`--kl-topk K`, off by default): the target's K most probable next
+tokens at every response position (prompt length … L-1, every position a label can be predicted from), as
+int32 ids (`k`) and float16 log-probs over its whole vocabulary (`p`): 6·K bytes a response token (192 B for
+K = 32, against 2·n_layers·H for the context features: 3,456 B for SmolLM2's three layers of 576). They cost
+the target's LM head over those positions at extraction, and they fit any sub-vocabulary chosen later
+(`distill.py` renormalises). Folders extracted without them still serve `--loss ce`.
 """
 
 from __future__ import annotations
@@ -28,14 +35,17 @@ from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES, torch_dtype
-from ..modeling.target_domino import target_context_features
+from ..modeling.target_domino import target_features
 from .decontaminate import BenchmarkFilter
+from .distill import next_token_topk
 
 logger = logging.getLogger(__name__)
 
 META = "features.json"
 CONFIG = "draft_config.json"
 STORES = ("bfloat16", "float16-scaled", "float32")
+# features.json fields that a resumed extraction must repeat: how each is described, and its option
+_RESUMED_OPTIONS = {"dtype": ("stored as {}", "--store"), "kl_topk": ("with --kl-topk {}", "--kl-topk")}
 _FP16_TOP = 2.0**14  # float16-scaled: each layer's largest |value| is scaled into [2^13, 2^14], far below 65504
 
 
@@ -76,24 +86,38 @@ def check_finite(features: torch.Tensor, layer_ids, where: str, fix: str) -> Non
         )
 
 
+def encode_topk(target, final_hidden: torch.Tensor, k: int, where: str) -> dict[str, torch.Tensor]:
+    """(R, H) final hidden states of one example's response positions -> the stored top-K (`k`: (R, K) int32
+    ids, `p`: (R, K) float16 log-probs). Raises `NonFiniteFeatures` rather than store a non-finite log-prob."""
+    ids, logp = next_token_topk(target, final_hidden, k)
+    if not bool(torch.isfinite(logp.half()).all()):
+        raise NonFiniteFeatures(f"{where}: the target's next-token log-probs hold inf/NaN: the target overflows in "
+                                "this --dtype; extract with --dtype float32.")
+    return {"k": ids.to(torch.int32).cpu(), "p": logp.half().cpu()}
+
+
 @torch.no_grad()
 def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, batch_size: int = 8,
-                     store: str = "bfloat16", draft_config=None):
+                     store: str = "bfloat16", draft_config=None, kl_topk: int = 0):
     """Write the context features of every example of `dataset` under `out_dir` (resumable), stored as `store`
-    (one of `STORES`), and `draft_config` (a `DominoConfig`, optional) beside them. Raises `NonFiniteFeatures`
-    before writing a shard that would hold inf/NaN."""
+    (one of `STORES`), with the target's top-`kl_topk` next tokens per response position when > 0, and
+    `draft_config` (a `DominoConfig`, optional) beside them. Raises `NonFiniteFeatures` before writing a shard
+    that would hold inf/NaN."""
     if store not in STORES:
         raise ValueError(f"unknown feature storage {store!r}: choose one of {', '.join(STORES)}")
+    if kl_topk < 0:
+        raise ValueError(f"--kl-topk must be >= 0 (got {kl_topk})")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
-            "shard_size": shard_size, "dtype": store}
+            "shard_size": shard_size, "dtype": store, "kl_topk": kl_topk}
     meta_path = out / META
     if meta_path.exists():
-        previous = json.loads(meta_path.read_text())
-        if {**previous, "dtype": store} == meta and previous.get("dtype") != store:
-            raise ValueError(f"{out} holds features stored as {previous.get('dtype')}, not {store}: pass --store "
-                             f"{previous.get('dtype')} to resume, or use a new folder.")
+        previous = {"kl_topk": 0, **json.loads(meta_path.read_text())}  # folders from before --kl-topk have none
+        for key, (wording, option) in _RESUMED_OPTIONS.items():
+            if {**previous, key: meta[key]} == meta and previous.get(key) != meta[key]:
+                raise ValueError(f"{out} holds features {wording.format(previous.get(key))}, not {meta[key]}: pass "
+                                 f"{option} {previous.get(key)} to resume, or use a new folder.")
         if previous != meta:
             raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
     else:
@@ -118,12 +142,18 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
             for row, seq in enumerate(seqs):
                 input_ids[row, : len(seq)] = torch.tensor(seq)
                 mask[row, : len(seq)] = 1
-            features = target_context_features(target, input_ids.to(target.device), mask.to(target.device),
-                                               layer_ids).float().cpu()  # (b, L, n·H)
+            features, final_hidden = target_features(target, input_ids.to(target.device), mask.to(target.device),
+                                                     layer_ids)  # (b, L, n·H), (b, L, H)
+            features = features.float().cpu()
             for row, (index, seq) in enumerate(zip(batch, seqs)):
-                check_finite(features[row, : len(seq)], layer_ids, f"example {index} of {dataset.source}",
+                where = f"example {index} of {dataset.source}"
+                check_finite(features[row, : len(seq)], layer_ids, where,
                              "the target overflows in this --dtype; extract with --dtype float32.")
-                for key, tensor in encode(features[row, : len(seq)], len(layer_ids), store).items():
+                stored = encode(features[row, : len(seq)], len(layer_ids), store)
+                if kl_topk:
+                    response = final_hidden[row, len(dataset.examples[index].prompt_ids) : len(seq)]  # (R, H)
+                    stored.update(encode_topk(target, response, kl_topk, where))
+                for key, tensor in stored.items():
                     tensors[f"{key}{index}"] = tensor.contiguous()
                 bar.update(len(seq))
         tmp = out / f".shard-{start:07d}.tmp"
@@ -160,7 +190,27 @@ class FeatureStore:
             count += size
         return min(count, self.meta["num_examples"])
 
-    def get(self, index: int, length: int) -> torch.Tensor:
+    @property
+    def kl_topk(self) -> int:
+        """K of the target's top-K next tokens stored per response position; 0 when none (older folders too)."""
+        return self.meta.get("kl_topk", 0)
+
+    def require_topk(self, k: int) -> None:
+        """Raise a ValueError naming the fix unless the folder holds the target's top-`k` (for `--loss kl`)."""
+        if self.kl_topk >= k:
+            return
+        if self.kl_topk:
+            held, lower = f"the target's top-{self.kl_topk} only", f"pass --kl-topk {self.kl_topk} or lower, "
+        else:
+            held, lower = "no target top-k (extracted without --kl-topk)", ""
+        raise ValueError(
+            f"--features {self.directory} holds {held}, and --loss kl --kl-topk {k} needs the target's top-{k}: "
+            f"{lower}extract the features again into a new folder with `domino features … --kl-topk {k}`, or train "
+            "without --features (the target then runs in every step)."
+        )
+
+    def _tensors(self, index: int, keys) -> dict[str, torch.Tensor]:
+        """The stored tensors `keys` of example `index` (those present), from its shard (opened once)."""
         start = (index // self.meta["shard_size"]) * self.meta["shard_size"]
         if start not in self._handles:
             if not self._shard(start).exists():
@@ -170,8 +220,22 @@ class FeatureStore:
             handle = safe_open(str(self._shard(start)), framework="pt")
             self._handles[start] = handle, set(handle.keys())
         handle, names = self._handles[start]
-        stored = {key: handle.get_tensor(f"{key}{index}") for key in ("f", "s") if f"{key}{index}" in names}
-        features = decode(stored, len(self.meta["target_layer_ids"]))
+        return {key: handle.get_tensor(f"{key}{index}") for key in keys if f"{key}{index}" in names}
+
+    def get_topk(self, index: int, prompt_length: int, length: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, k) int32 target ids and (R, k) float16 log-probs of the target's k most probable next tokens at
+        example `index`'s response positions prompt_length … length-1 (R = length - prompt_length)."""
+        self.require_topk(k)
+        stored = self._tensors(index, ("k", "p"))
+        if stored["k"].shape[0] != length - prompt_length:
+            raise ValueError(
+                f"the target top-k of example {index} in {self.directory} cover {stored['k'].shape[0]} response "
+                f"tokens, the data has {length - prompt_length}: they were extracted from other data."
+            )
+        return stored["k"][:, :k], stored["p"][:, :k]
+
+    def get(self, index: int, length: int) -> torch.Tensor:
+        features = decode(self._tensors(index, ("f", "s")), len(self.meta["target_layer_ids"]))
         check_finite(features, self.meta["target_layer_ids"], f"example {index} in {self.directory}",
                      "plain float16 features (older domino-hf) overflowed; extract them again (bfloat16 by default).")
         if features.shape[0] != length:
@@ -216,6 +280,10 @@ def register(subparsers) -> None:
     parser.add_argument("--store", default="bfloat16", choices=STORES,
                         help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
                         "power-of-two scale per layer and example), float32 (exact, 4 bytes) (default: %(default)s).")
+    parser.add_argument("--kl-topk", type=int, default=0, metavar="K",
+                        help="Also store the target's K most probable next tokens at every response position (int32 "
+                        "ids + float16 log-probs: 6·K bytes a token), for `domino train --loss kl`; 0 = none "
+                        "(default: %(default)s).")
     parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
                         "bf16 (default: %(default)s).")
@@ -242,7 +310,7 @@ def run(args) -> int:
     config = config_from_args(args, target, tokenizer, dataset)
     try:
         extract_features(target, dataset, config.target_layer_ids, args.out, shard_size=args.shard_size,
-                         batch_size=args.batch_size, store=args.store, draft_config=config)
+                         batch_size=args.batch_size, store=args.store, draft_config=config, kl_topk=args.kl_topk)
     except (NonFiniteFeatures, ValueError) as err:
         logger.error("%s", err)
         return 2

@@ -6,6 +6,8 @@ block, H = hidden size, V' = draft vocabulary.
 For an anchor at position a, its block is `[x_a, MASK, …]` at positions a … a+B-1; it sees the target's
 context features of positions < a and the other slots of its own block, never another block. Draft token j
 (j = 0 … n-1) predicts x_{a+1+j}; the GRU has read the ground-truth [x_a … x_{a+j}] (teacher forcing).
+Its loss is the cross entropy on x_{a+1+j} (`loss="ce"`, the paper's), or the KL divergence from the target's
+next-token distribution at a+j (`loss="kl"`, `distill.py`); both weighted by position, the same way.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..modeling.target_domino import block_position_ids, draft_slots
+from .distill import LOSSES, SoftLabels
 
 
 def position_weights(num_draft: int, gamma: float | None = None) -> torch.Tensor:
@@ -50,11 +53,21 @@ class DominoObjective(nn.Module):
 
     The frozen target's pieces arrive as inputs (context hidden states, embeddings, the LM-head rows of the
     draft vocabulary), so no target weight is ever part of this module or of its checkpoints.
+
+    `loss`: "ce" (cross entropy on the target's tokens) or "kl" (to its top-K distribution, at `kl_temperature`;
+    `forward` then needs `target_topk`). `base_loss` and `final_loss` are of that kind; the accuracies are
+    always against the target's tokens.
     """
 
-    def __init__(self, draft, gamma: float | None = None):
+    def __init__(self, draft, gamma: float | None = None, loss: str = "ce", kl_temperature: float = 1.0):
         super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)}")
+        if not kl_temperature > 0:
+            raise ValueError(f"--kl-temperature must be > 0 (got {kl_temperature})")
         self.draft = draft
+        self.loss = loss
+        self.kl_temperature = kl_temperature
         self.register_buffer("weights", position_weights(draft.config.num_draft_tokens, gamma), persistent=False)
 
     def forward(
@@ -66,6 +79,7 @@ class DominoObjective(nn.Module):
         labels: torch.Tensor,
         target_head,
         curriculum: float,
+        target_topk: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> dict[str, torch.Tensor]:
         r"""
         Args:
@@ -78,6 +92,8 @@ class DominoObjective(nn.Module):
             target_head: the `DominoTargetHead` drafting uses: base logits come from its `logits` (LM-head rows
                 of the draft vocabulary, bias and soft-capping included), so training and drafting see the same.
             curriculum: λ in (1-λ)·L_final + λ·L_base.
+            target_topk: with `loss="kl"`, (b, A, n, K) target ids of the target's K most probable next tokens
+                at position a+j and (b, A, n, K) their log-probs (-inf = no entry), from `distill.py`.
         """
         config = self.draft.config
         b, seq_len, _ = context_hidden.shape
@@ -101,17 +117,29 @@ class DominoObjective(nn.Module):
             keep = (torch.arange(n, device=slots.device) >= prefix).to(correction.dtype)[:, None]
             final_logits = base_logits + correction * keep
 
-        trainable = labels >= 0  # (b, A, n)
+        if self.loss == "kl":
+            if target_topk is None:
+                raise ValueError("loss='kl' needs the target's top-k next tokens (target_topk)")
+            soft = SoftLabels.make(target_head.to_draft_index(target_topk[0]), target_topk[1], self.kl_temperature)
+            trainable = (labels != -100) & soft.present  # (b, A, n)
+
+            def slot_loss(logits):  # (b, A, n)
+                return soft.kl(logits, self.kl_temperature)
+        else:
+            trainable = labels >= 0  # (b, A, n)
+            safe = labels.clamp_min(0)
+
+            def slot_loss(logits):  # (b, A, n)
+                ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), safe.reshape(-1), reduction="none")
+                return ce.view_as(labels)
         weight = self.weights.to(slots.device)[None, None, :] * trainable
         denom = weight.sum().clamp_min(1e-6)
-        safe = labels.clamp_min(0)
 
-        def weighted_ce(logits):
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), safe.reshape(-1), reduction="none")
-            return (ce.view_as(weight) * weight).sum() / denom
+        def weighted(logits):
+            return (slot_loss(logits) * weight).sum() / denom
 
-        base_loss = weighted_ce(base_logits)
-        final_loss = weighted_ce(final_logits) if final_logits is not base_logits else base_loss
+        base_loss = weighted(base_logits)
+        final_loss = weighted(final_logits) if final_logits is not base_logits else base_loss
         loss = (1.0 - curriculum) * final_loss + curriculum * base_loss
 
         with torch.no_grad():

@@ -22,6 +22,7 @@ from ..modeling.configuration_domino import target_token_ids
 from ..modeling.generation_domino import acceptance_length
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
+from .distill import DEFAULT_TOPK, LOSSES
 from .features import CONFIG, FeatureStore, NonFiniteFeatures
 from .objective import DominoObjective
 from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
@@ -46,6 +47,9 @@ class TrainSettings:
     num_anchors: int = 32
     gamma: float | None = None
     curriculum: bool = True
+    loss: str = "ce"  # "kl": to the target's top-`kl_topk` next-token distribution at `kl_temperature` (distill.py)
+    kl_topk: int = DEFAULT_TOPK
+    kl_temperature: float = 1.0
     logging_steps: int = 10
     save_steps: int = 200
     save_total_limit: int = 2
@@ -132,13 +136,14 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         disable_tqdm=False,
     )
     trainer = DominoTrainer(
-        model=DominoObjective(draft, gamma=settings.gamma),
+        model=DominoObjective(draft, gamma=settings.gamma, loss=settings.loss, kl_temperature=settings.kl_temperature),
         args=args,
         train_dataset=dataset,
         data_collator=AnchorCollator(draft.config, settings.num_anchors, seed=settings.seed),
         target=target,
         use_curriculum=settings.curriculum,
         tau_probe=tau_probe,
+        kl_topk=settings.kl_topk,
         callbacks=[EpochCallback(dataset)],
     )
     resume = last_complete_checkpoint(settings.output_dir) if settings.resume is True else settings.resume or None
@@ -267,6 +272,20 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).",
     )
     recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
+    recipe.add_argument(
+        "--loss", choices=LOSSES, default="ce",
+        help="ce: cross entropy on the target's own tokens (the paper's); kl: KL divergence from the target's "
+             "next-token distribution (its --kl-topk most probable tokens, renormalised over the draft vocabulary), "
+             "from its forward in each step or from --features extracted with `domino features --kl-topk`.",
+    )
+    recipe.add_argument(
+        "--kl-topk", type=int, default=DEFAULT_TOPK, metavar="K",
+        help="With --loss kl: how many of the target's most probable next tokens make the soft label.",
+    )
+    recipe.add_argument(
+        "--kl-temperature", type=float, default=1.0, metavar="T",
+        help="With --loss kl: both distributions at temperature T, the loss scaled by T².",
+    )
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
@@ -303,9 +322,15 @@ def run(args) -> int:
     from ..targets import load_target
     from ..utils import require_paths
 
+    if args.loss == "kl" and not (args.kl_topk >= 1 and args.kl_temperature > 0):
+        logger.error("--kl-topk must be >= 1 and --kl-temperature > 0 (got %s and %s)", args.kl_topk,
+                     args.kl_temperature)
+        return 2
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config, features=args.features,
                       resume_from_checkpoint=args.resume if isinstance(args.resume, str) else None)
+        if args.features and args.loss == "kl":
+            FeatureStore(args.features).require_topk(args.kl_topk)
         target, tokenizer = load_target(args.target, **target_kwargs(args))
         dataset = load_training_data(args.data, args.max_length, target.config.get_text_config().vocab_size, args.limit,
                                      exclude=BenchmarkFilter.for_benchmarks())
@@ -319,7 +344,8 @@ def run(args) -> int:
     draft = build_draft(target, tokenizer, init=args.init, config=config)
     try:
         if args.features:
-            dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids))
+            dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids),
+                                 kl_topk=args.kl_topk if args.loss == "kl" else 0)
         probe = make_tau_probe(target, tokenizer, args.probe_prompts, args.probe_num, args.probe_max_new_tokens,
                                args.chat_template) if args.probe_prompts else None
     except (OSError, ImportError, ValueError) as err:  # features of other layers, probe prompts missing
@@ -329,7 +355,8 @@ def run(args) -> int:
         output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
-        seed=args.seed, report_to=args.report_to, resume=args.resume,
+        seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
+        kl_temperature=args.kl_temperature,
     )
     try:
         train_draft(target, draft, dataset, settings, tau_probe=probe)

@@ -19,8 +19,9 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
-from ..modeling.target_domino import target_context_features
+from ..modeling.target_domino import draft_label_positions, target_features
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
+from .distill import DEFAULT_TOPK, block_soft_labels, topk_at
 from .objective import curriculum_lambda
 
 logger = logging.getLogger(__name__)
@@ -41,10 +42,14 @@ class EpochCallback(TrainerCallback):
 
 
 class DominoTrainer(Trainer):
-    """Trains `DominoObjective(draft)`; `target` is frozen and used for context features and embeddings."""
+    """Trains `DominoObjective(draft)`; `target` is frozen and used for context features and embeddings, and,
+    with the objective's `loss="kl"`, for its top-`kl_topk` next-token distributions (`distill.py`) unless the
+    batches carry them (cached by `domino features --kl-topk`)."""
 
-    def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, **kwargs):
+    def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, kl_topk: int = DEFAULT_TOPK,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.kl_topk = kl_topk
         self.target = target.to(self.args.device).eval().requires_grad_(False)
         draft = self.model.draft
         if is_optimized(draft):  # packed copies are inference-only: free them rather than repack every step
@@ -60,29 +65,39 @@ class DominoTrainer(Trainer):
 
     @torch.no_grad()
     def _target_inputs(self, inputs):
-        """Context hidden states and the embeddings the draft reads, all from the frozen target."""
+        """Context hidden states, the embeddings the draft reads and, for `loss="kl"`, the soft labels
+        ((b, A, n, K) target ids and log-probs; else None), all from the frozen target or its cached features."""
         input_ids, anchors = inputs["input_ids"], inputs["anchors"]
         config = self.model.draft.config  # Trainer keeps `self.model` unwrapped (DDP lives in `model_wrapped`)
+        b, num_anchors = anchors.shape
+        # [x_a … x_{a+n-1}]: what the GRU reads, and where the target's next-token distributions are the labels
+        positions = draft_label_positions(anchors, config.num_draft_tokens).clamp_max(input_ids.shape[1] - 1)
+        soft_labels = self.model.loss == "kl"
+        target_topk = None
         if "context_hidden" in inputs:  # cached by `domino features`
             context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
+            if soft_labels:
+                if "target_topk_ids" not in inputs:
+                    raise ValueError("loss='kl' with cached features needs their top-k: extract them again with "
+                                     "`domino features --kl-topk K`, or train without --features.")
+                target_topk = topk_at(inputs["target_topk_ids"], inputs["target_topk_logp"], positions)
         else:
-            context_hidden = target_context_features(
+            context_hidden, final_hidden = target_features(
                 self.target, input_ids, inputs["attention_mask"], config.target_layer_ids
-            )  # (b, L, n·H)
-        b, num_anchors = anchors.shape
+            )  # (b, L, n·H), (b, L, H)
+            if soft_labels:
+                target_topk = block_soft_labels(self.target, final_hidden, positions, self.kl_topk)
         block_embeds = self.target_head.block_embeds(input_ids.gather(1, anchors))  # (b, A, B, H)
         block_embeds = block_embeds.reshape(b, num_anchors * config.block_size, -1)
         label_embeds = None
         if config.use_domino_head:
-            steps = torch.arange(config.num_draft_tokens, device=input_ids.device)
-            realised = (anchors[:, :, None] + steps).clamp_max(input_ids.shape[1] - 1)  # [x_a … x_{a+n-1}]
-            label_embeds = self.target_head.embed(input_ids.gather(1, realised.reshape(b, -1))).reshape(
+            label_embeds = self.target_head.embed(input_ids.gather(1, positions.reshape(b, -1))).reshape(
                 b, num_anchors, config.num_draft_tokens, -1
             )
-        return context_hidden, block_embeds, label_embeds
+        return context_hidden, block_embeds, label_embeds, target_topk
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        context_hidden, block_embeds, label_embeds = self._target_inputs(inputs)
+        context_hidden, block_embeds, label_embeds, target_topk = self._target_inputs(inputs)
         lam = curriculum_lambda(self.state.global_step, self.state.max_steps) if self.use_curriculum else 0.0
         out = model(
             context_hidden=context_hidden,
@@ -92,6 +107,7 @@ class DominoTrainer(Trainer):
             labels=inputs["labels"],
             target_head=self.target_head,
             curriculum=lam,
+            target_topk=target_topk,
         )
         if not bool(torch.isfinite(out["loss"])):
             self._stop_non_finite("loss", float(out["loss"].detach()), context_hidden)

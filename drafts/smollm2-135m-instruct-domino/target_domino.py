@@ -5,9 +5,11 @@ Remote-code file (torch + transformers only). Drafting, training, feature extrac
 tests all go through this module, so each convention is written once:
 
 * context features: which `output_hidden_states` entries hold target layer `i` (`i + 1`: entry 0 is the
-  embedding output) and how they are concatenated (`hidden_state_indices`, `context_features`);
-* the block layout: `[anchor, MASK, …]` at positions anchor … anchor+B-1, and which slots draft
-  (`block_token_ids`, `block_position_ids`, `draft_slots`: slot 0 is the anchor unless `shift_label`);
+  embedding output) and how they are concatenated (`hidden_state_indices`, `context_features`), and the final
+  hidden states from which the target's own next-token logits come (`target_features`, `target_logits`);
+* the block layout: `[anchor, MASK, …]` at positions anchor … anchor+B-1, which slots draft
+  (`block_token_ids`, `block_position_ids`, `draft_slots`: slot 0 is the anchor unless `shift_label`), and
+  the positions whose next token each draft token predicts (`draft_label_positions`);
 * the vocabulary map between target ids and draft-vocabulary indices (`draft_vocab_map`);
 * the frozen embedding and LM head, bias and soft-capping included (`DominoTargetHead`), so the base logits
   a draft is trained against are the ones it drafts with;
@@ -62,12 +64,35 @@ def context_features(hidden_states, layer_ids, length: int | None = None) -> tor
     return torch.cat([hidden_states[i][:, :length] for i in hidden_state_indices(layer_ids)], dim=-1)
 
 
-def target_context_features(target, input_ids, attention_mask, layer_ids) -> torch.Tensor:
-    """One forward of the target's base model (no LM head) over (b, L) `input_ids` -> (b, L, n_layers·H)."""
+def target_features(target, input_ids, attention_mask, layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
+    """One forward of the target's base model (no LM head) over (b, L) `input_ids` -> (b, L, n_layers·H) context
+    features and (b, L, H) final hidden states (after the final norm: what `target_logits` reads)."""
     out = target.base_model(
         input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=hidden_state_indices(layer_ids)
     )
-    return context_features(out.hidden_states, layer_ids)
+    return context_features(out.hidden_states, layer_ids), out.last_hidden_state
+
+
+def target_context_features(target, input_ids, attention_mask, layer_ids) -> torch.Tensor:
+    """`target_features` without the final hidden states: (b, L) `input_ids` -> (b, L, n_layers·H)."""
+    return target_features(target, input_ids, attention_mask, layer_ids)[0]
+
+
+def target_logits(target, final_hidden: torch.Tensor) -> torch.Tensor:
+    """(…, H) final hidden states -> (…, V) the target's own next-token logits over its whole vocabulary: its LM
+    head, bias and final soft-capping included (what the target samples from; training's soft labels)."""
+    lm_head = target.get_output_embeddings()
+    return soft_cap(lm_head(final_hidden.to(lm_head.weight.dtype)), final_logit_softcap(target))
+
+
+def final_logit_softcap(target) -> float | None:
+    """The target's final-logit soft-capping constant (Gemma), None when it has none."""
+    return getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+
+
+def soft_cap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """cap · tanh(logits / cap), as the target applies it to its final logits; unchanged when `cap` is None."""
+    return torch.tanh(logits / cap) * cap if cap else logits
 
 
 # ---------------------------------------------------------------------------------------------- block layout
@@ -81,6 +106,13 @@ def block_token_ids(anchor_ids: torch.Tensor, config) -> torch.Tensor:
 def block_position_ids(anchor_positions: torch.Tensor, block_size: int) -> torch.Tensor:
     """(…,) anchor positions -> (…, B) positions of the block's slots (the anchor's, then the next B-1)."""
     return anchor_positions[..., None] + torch.arange(block_size, device=anchor_positions.device)
+
+
+def draft_label_positions(anchor_positions: torch.Tensor, num_draft: int) -> torch.Tensor:
+    """(…,) anchor positions a -> (…, n) positions a … a+n-1: draft token j predicts the token after position
+    a+j (x_{a+1+j}). Teacher forcing feeds the GRU the tokens at these positions, and the target's next-token
+    distribution at position a+j is draft token j's soft label (`domino train --loss kl`)."""
+    return anchor_positions[..., None] + torch.arange(num_draft, device=anchor_positions.device)
 
 
 def draft_slots(block_hidden: torch.Tensor, config) -> torch.Tensor:
@@ -124,7 +156,7 @@ class DominoTargetHead:
         self.weight = weight.to(device=device, dtype=dtype)
         self.bias = None if bias is None else bias.detach().to(self.weight)
         self.vocab_size = lm_head.weight.shape[0]
-        self.softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+        self.softcap = final_logit_softcap(target)
         self.vocab_map = draft_vocab_map(config.draft_vocab_ids, self.vocab_size, self.weight.device)
         self.config = config
 
@@ -147,10 +179,7 @@ class DominoTargetHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(…, H) -> (…, V') float32 base logits over the draft vocabulary."""
-        logits = F.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
+        return soft_cap(F.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float(), self.softcap)
 
     def to_draft_index(self, target_ids: torch.Tensor) -> torch.Tensor:
         """Target ids -> draft-vocabulary indices (-1 outside the sub-vocabulary)."""
