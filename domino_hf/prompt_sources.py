@@ -434,13 +434,10 @@ BUILDERS: dict[str, Callable[[], Iterator[dict]]] = {
     "dm-math": dm_math, "chatterbot": chatterbot, "translate": translate, "python-docs": python_docs,
     "python-code": python_code,
 }
-PACKAGES = {"dm-math": "mathematics-dataset", "chatterbot": "chatterbot-corpus", "translate": "chatterbot-corpus"}
 
 
 def build(name: str) -> Iterator[dict]:
     """The raw records of the built source `name` (see `BUILDERS`), lazily."""
-    if name in ("python-docs", "python-code") and sys.flags.optimize >= 2:
-        raise RuntimeError(f"the `{name}` prompts need docstrings, which python -OO strips")
     return BUILDERS[name]()
 
 
