@@ -1,9 +1,11 @@
 """Prompt sources for regeneration, training and benchmarks.
 
-Every source (a JSONL/JSON file, the shared evaluation sets, HumanEval, ShareGPT, a 🤗 dataset) is read into
-the same `PromptSet` of `PromptRecord`s: an id plus the user turns. Malformed records are never used
-silently: they are skipped, counted in `PromptSet.skipped` and reported in a warning, so a typo in a data
-file shows up as a number instead of as a quietly smaller benchmark.
+Every source (a JSONL/JSON file, the shared evaluation sets, HumanEval, ShareGPT, a 🤗 dataset, the training
+sources built offline in `prompt_sources`, or a comma-separated mix of them) is read into the same `PromptSet`
+of `PromptRecord`s: an id plus the user turns. Malformed records are never used silently: they are skipped,
+counted in `PromptSet.skipped` and reported in a warning, so a typo in a data file shows up as a number instead
+of as a quietly smaller benchmark. The built sources also pass the benchmark filter as they are read (the
+prompts it drops are counted in `PromptSet.contaminated`).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import functools
 import gzip
 import importlib
+import itertools
 import json
 import logging
 import re
@@ -26,6 +29,8 @@ from .utils import shared_data_dir
 logger = logging.getLogger(__name__)
 
 SHARED_SETS = ("mt_bench", "alpaca", "sum", "qa")
+# Training sources built offline from packages and the standard library (`domino_hf/prompt_sources.py`).
+BUILT_SOURCES = ("dm-math", "chatterbot", "translate", "python-docs", "python-code")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 # ShareGPT speaker names of the user side; "system" turns go to `meta["system"]`.
 _USER_SPEAKERS = {"human", "user"}
@@ -55,6 +60,7 @@ class PromptSet:
     records: list[PromptRecord]
     skipped: int = 0
     source: str = ""
+    contaminated: int = 0  # records dropped by the benchmark filter (built sources only)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -290,13 +296,57 @@ def _read_hf(spec: str, limit: int | None) -> PromptSet:
     return _collect(items, f"hf:{spec}", limit)
 
 
+def _read_built(name: str, limit: int | None) -> PromptSet:
+    """A source of `prompt_sources`, minus every record with a turn that overlaps a benchmark prompt (counted)."""
+    from . import prompt_sources
+    from .training.decontaminate import BenchmarkFilter
+
+    exclude = BenchmarkFilter.for_benchmarks()
+    dropped = 0
+
+    def clean() -> Iterator[tuple[str, Any]]:
+        nonlocal dropped
+        for obj in prompt_sources.build(name):
+            if any(exclude(turn) for turn in obj["turns"]):
+                dropped += 1
+                logger.debug("%s: dropping %s, which overlaps a benchmark prompt", name, obj["id"])
+                continue
+            yield obj["id"], obj
+
+    prompts = _collect(clean(), name, limit)
+    prompts.contaminated = dropped
+    if dropped:
+        logger.info("%s: dropped %d prompt(s) that overlap a benchmark prompt", name, dropped)
+    return prompts
+
+
+def _read_mix(sources: list[str], limit: int | None) -> PromptSet:
+    """Several sources, interleaved record by record (so the first `limit` records draw on each in turn)."""
+    sets = [read_prompts(source, limit) for source in sources]
+    records = [r for batch in itertools.zip_longest(*(s.records for s in sets)) for r in batch if r is not None]
+    seen: dict[str, str] = {}
+    for prompt_set in sets:
+        for record in prompt_set.records:
+            if seen.setdefault(record.id, prompt_set.source) != prompt_set.source:
+                raise ValueError(f"prompt id {record.id!r} is in both {seen[record.id]} and {prompt_set.source}; "
+                                 "a mix needs distinct ids (regenerate those sources separately)")
+    return PromptSet(records[:limit] if limit is not None else records, sum(s.skipped for s in sets),
+                     ",".join(sources), sum(s.contaminated for s in sets))
+
+
 def read_prompts(source: str, limit: int | None = None) -> PromptSet:
     """Read prompts from `source`, keeping at most `limit` good records (malformed ones are counted).
 
     `source` is one of: a file path (JSONL with `prompt` / `turns` / `messages` / ShareGPT `conversations`
     records, optionally `.gz`, or a top-level JSON array); a shared evaluation set `mt_bench`, `alpaca`,
-    `sum`, `qa` (from `domino_hf.utils.shared_data_dir()`); `humaneval`; `sharegpt`; `hf:<name>[:split]`.
+    `sum`, `qa` (from `domino_hf.utils.shared_data_dir()`); `humaneval`; `sharegpt`; a built training source
+    (`BUILT_SOURCES`: `dm-math`, `chatterbot`, `translate`, `python-docs`, `python-code`, benchmark-filtered);
+    `hf:<name>[:split]`; or a comma-separated mix of these, interleaved (`sharegpt,dm-math`).
     """
+    if "," in source and not Path(source).expanduser().is_file():
+        return _read_mix([part.strip() for part in source.split(",") if part.strip()], limit)
+    if source in BUILT_SOURCES:
+        return _read_built(source, limit)
     if source in SHARED_SETS:
         return _read_file(shared_data_dir() / source / "question.jsonl", source, limit)
     if source == "humaneval":
@@ -307,7 +357,7 @@ def read_prompts(source: str, limit: int | None = None) -> PromptSet:
         return _read_hf(source[3:], limit)
     path = Path(source).expanduser()
     if not path.is_file():
-        known = ", ".join((*SHARED_SETS, "humaneval", "sharegpt", "hf:<name>[:split]"))
+        known = ", ".join((*SHARED_SETS, "humaneval", "sharegpt", *BUILT_SOURCES, "hf:<name>[:split]"))
         raise FileNotFoundError(f"prompt source {source!r} is neither a file nor one of: {known}")
     return _read_file(path, str(path), limit)
 

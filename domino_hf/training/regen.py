@@ -289,8 +289,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add = parser.add_argument
     add_target_arguments(parser)
     add("--prompts", default="sharegpt", metavar="SOURCE",
-        help="Prompt source: a JSONL/JSON file, `sharegpt`, `humaneval`, `mt_bench`, `alpaca`, `sum`, `qa`, or "
-        "`hf:<dataset>[:split]`; see --turns for which user turns are answered (default: %(default)s).")
+        help="Prompt source: a JSONL/JSON file, `sharegpt`, `humaneval`, `mt_bench`, `alpaca`, `sum`, `qa`, "
+        "`hf:<dataset>[:split]`, a training source built offline (`dm-math`, `chatterbot`, `translate`, "
+        "`python-docs`, `python-code`; benchmark-filtered), or a comma-separated mix, interleaved record by record "
+        "(`sharegpt,dm-math`); see --turns for which user turns are answered (default: %(default)s).")
     add("--turns", default="first", choices=TURN_CHOICES,
         help="`first` answers the first user turn of each record (id = the record's id); `all` also answers the "
         "later turns of multi-turn records, turn by turn, each after the target's own earlier answers (never the "
@@ -347,7 +349,7 @@ def run(args: argparse.Namespace) -> int:
         if args.chat_template not in ("auto", "none"):
             require_paths(chat_template=args.chat_template)
         model, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=device, **target_kwargs(args))
-    except (OSError, ImportError, RuntimeError) as err:  # missing file/package/model, Hub unreachable
+    except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing file/package/model, Hub, id clash
         logger.error("%s", err)
         return 2
     regenerate(

@@ -1,0 +1,150 @@
+"""The training prompt sources built offline (`domino_hf/prompt_sources.py`): real packaged data, stable ids,
+benchmark prompts kept out, comma mixes, and `domino regen` reading them."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from domino_hf import prompt_sources
+from domino_hf.data import BUILT_SOURCES, read_prompts
+from domino_hf.training.decontaminate import COPY_HEAVY_SET, BenchmarkFilter
+from domino_hf.utils import project_root
+
+ID = re.compile(r"^(?P<source>[a-z-]+):(?P<key>\S+):[0-9a-f]{8}$")
+STATIC = ("chatterbot", "translate", "python-docs", "python-code")  # fast to build in full (~1-2 s each)
+
+
+@pytest.fixture(scope="module")
+def benchmark_filter():
+    return BenchmarkFilter.for_benchmarks()
+
+
+@pytest.fixture(scope="module")
+def static_sets():
+    pytest.importorskip("chatterbot_corpus")
+    return {name: read_prompts(name) for name in STATIC}
+
+
+def _dm_math_ids(limit: int) -> list[str]:
+    pytest.importorskip("mathematics_dataset")
+    return [r.id for r in read_prompts("dm-math", limit=limit)]
+
+
+def test_every_built_source_has_a_builder():
+    assert set(BUILT_SOURCES) == set(prompt_sources.BUILDERS)
+
+
+def test_real_sources_have_many_distinct_stable_ids(static_sets):
+    minimum = {"chatterbot": 4000, "translate": 8000, "python-docs": 500, "python-code": 1000}
+    for name, prompts in static_sets.items():
+        ids = [r.id for r in prompts]
+        assert len(ids) >= minimum[name] and len(set(ids)) == len(ids), name
+        assert all(ID.match(i).group("source") == name for i in ids)
+        assert all(r.turns and all(t.strip() for t in r.turns) for r in prompts)
+    again = read_prompts("python-code", limit=50)
+    assert [r.id for r in again] == [r.id for r in static_sets["python-code"].records[:50]]
+
+
+def test_what_each_source_holds(static_sets):
+    chat = static_sets["chatterbot"]
+    assert len({r.meta["language"] for r in chat}) >= 25  # multilingual
+    translations = static_sets["translate"]
+    assert {r.meta["target_language"] for r in translations} >= {"English", "French", "Chinese", "German"}
+    assert {r.meta["source_language"] for r in translations} >= {"English", "Japanese", "Spanish"}
+    docs = static_sets["python-docs"]
+    assert min(len(r.turns[0]) for r in docs) > 300 and all(r.meta["kind"] == "rag" for r in docs)
+    code = static_sets["python-code"].records
+    assert sum("/spec:" in r.id for r in code) == sum("/source:" in r.id for r in code) == len(code) // 2
+    assert all("```python\n" in r.turns[0] for r in code if "/source:" in r.id)
+
+
+def test_the_sources_are_the_same_in_every_process(static_sets):
+    """A process with another string-hash seed and without torch imported (torch replaces `inspect.getfile`) reads
+    the same records: dm-math's child runs with PYTHONHASHSEED=0, the stdlib sources parse source files."""
+    ids = {"dm-math": _dm_math_ids(60), **{name: [r.id for r in static_sets[name]] for name in STATIC}}
+    assert len({i.split(":")[1] for i in ids["dm-math"]}) >= 50  # round-robin over the modules
+    script = ("import json, sys; from domino_hf.data import read_prompts; assert 'torch' not in sys.modules; "
+              "print(json.dumps({n: [r.id for r in read_prompts(n, limit=60 if n == 'dm-math' else None)] "
+              f"for n in {list(ids)!r}}}))")
+    other = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "PYTHONHASHSEED": "7"}, check=True)
+    assert json.loads(other.stdout) == ids
+
+
+def test_an_injected_benchmark_prompt_is_dropped(monkeypatch, benchmark_filter):
+    """Benchmark prompts (HumanEval, an MT-Bench second turn, a shared set, the copy-heavy set) inserted among a
+    real source's records are dropped and counted; the real records stay."""
+    pytest.importorskip("chatterbot_corpus")
+    real = list(prompt_sources.chatterbot())[:40]
+    copy_heavy = read_prompts(str(project_root() / COPY_HEAVY_SET)).records[3].turns[0]
+    injected = [read_prompts("humaneval").records[0].turns[0], read_prompts("qa").records[5].turns[0], copy_heavy]
+    mt_bench = read_prompts("mt_bench").records[2].turns
+    fake = [*real[:10], *(prompt_sources.record("chatterbot", f"x{i}", [t]) for i, t in enumerate(injected)),
+            prompt_sources.record("chatterbot", "mt", ["Hello there!", mt_bench[1]]), *real[10:]]
+    monkeypatch.setitem(prompt_sources.BUILDERS, "chatterbot", lambda: iter(fake))
+    prompts = read_prompts("chatterbot")
+    assert prompts.contaminated == 4 and [r.id for r in prompts] == [r["id"] for r in real]
+    assert read_prompts("chatterbot", limit=12).contaminated == 4  # dropped ones do not count toward a limit
+
+
+def test_no_benchmark_prompt_in_the_shipped_sources(static_sets, benchmark_filter):
+    """After the filter, no turn of any real source overlaps a benchmark; and the copy-heavy set's stdlib modules
+    are not used at all (make_copy_set.py's lists are the ones `COPY_SET_MODULES` names)."""
+    for name, prompts in static_sets.items():
+        assert not [r.id for r in prompts if any(benchmark_filter(t) for t in r.turns)], name
+    spec = importlib.util.spec_from_file_location("make_copy_set", project_root() / "examples" / "make_copy_set.py")
+    make_copy_set = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(make_copy_set)
+    assert {m for m, _ in make_copy_set.CODE} | set(make_copy_set.DOCS) == prompt_sources.COPY_SET_MODULES
+    for name in ("python-docs", "python-code"):
+        modules = {ID.match(r.id).group("key").split("/")[1 if name == "python-docs" else 0].split(".")[0]
+                   for r in static_sets[name] if not r.id.startswith("python-docs:topic/")}
+        assert modules and not modules & prompt_sources.COPY_SET_MODULES, name
+
+
+def test_mixes_interleave_and_need_distinct_ids(tmp_path):
+    pytest.importorskip("chatterbot_corpus")
+    mix = read_prompts("chatterbot, python-code", limit=6)
+    assert [r.id.split(":")[0] for r in mix] == ["chatterbot", "python-code"] * 3
+    assert mix.source == "chatterbot,python-code"
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    a.write_text(json.dumps({"id": "1", "prompt": "x"}) + "\n")
+    b.write_text(json.dumps({"id": "1", "prompt": "y"}) + "\n")
+    with pytest.raises(ValueError, match="distinct ids"):
+        read_prompts(f"{a},{b}")
+    comma = tmp_path / "with,comma.jsonl"  # an existing file is a file, even with a comma in its name
+    comma.write_text(json.dumps({"id": "c", "prompt": "z"}) + "\n")
+    assert [r.id for r in read_prompts(str(comma))] == ["c"]
+
+
+def test_a_missing_package_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "chatterbot_corpus", None)
+    with pytest.raises(ImportError, match=r"chatterbot.*pip install 'domino-hf\[offline\]'"):
+        read_prompts("translate", limit=1)
+
+
+def test_regen_answers_a_mix_of_built_sources(tiny_llama, tmp_path, monkeypatch):
+    """`domino regen --prompts chatterbot,python-docs --limit 4`: the first four interleaved records, by id."""
+    pytest.importorskip("chatterbot_corpus")
+    from domino_hf.training import regen
+
+    parser = argparse.ArgumentParser(prog="domino")
+    regen.register(parser.add_subparsers())
+    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    out = tmp_path / "o.jsonl"
+    args = parser.parse_args(["regen", "--prompts", "chatterbot,python-docs", "--limit", "4", "--out", str(out),
+                              "--max-new-tokens", "2", "--max-prompt-tokens", "4096", "--device", "cpu"])
+    assert args.func(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    expected = read_prompts("chatterbot,python-docs", limit=4)
+    assert [r["id"] for r in rows] == [r.id for r in expected]
+    assert [r["prompt"] for r in rows] == [r.turns[0] for r in expected]
+
