@@ -123,6 +123,8 @@ def drafting_settings(config, generation_config) -> dict:
         "threshold": float(threshold),
         "lookup_tokens": max(int(lookup or 0), 0),
         "lookup_ngram": int(generation_config.max_matching_ngram_size or DEFAULT_LOOKUP_NGRAM),
+        "measure_cost": bool(getattr(config, "measure_verify_cost", False)),
+        "cut_spans": bool(getattr(config, "cut_lookup_spans", False)),
     }
 
 
@@ -180,7 +182,10 @@ class DominoCandidateGenerator(CandidateGenerator):
                 vocab_size=self.head.vocab_size,
             )
         self.backoff = DraftBackoff()
-        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), VerifyCost.for_device(target.device))
+        cost = VerifyCost.for_device(target.device, measure=settings["measure_cost"])
+        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost)
+        self.chooser.cut_spans = settings["cut_spans"]
+        self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the span lookup found at the step being proposed
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
         self.scoring_is_the_proposal = not (
@@ -242,12 +247,16 @@ class DominoCandidateGenerator(CandidateGenerator):
         draft_ran = source == "domino" if draft_ran is None else draft_ran
         if draft_ids is None or draft_ids.shape[1] == 0:
             self._step = _Step(0, "none", None, None, draft_ran, self._span)
+            self._proposed_at = time.perf_counter()
             return input_ids, None
         self._step = _Step(draft_ids.shape[1], source, predicted, shadow, draft_ran, self._span)
-        return torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1), draft_logits
+        candidates = torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1)
+        self._proposed_at = time.perf_counter()
+        return candidates, draft_logits
 
     def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
         """The lookup span as candidates; when sampling, q is one-hot: the span is fixed given the context."""
+        span = span[: self.chooser.span_length(self._span)]
         ids = span[None].to(input_ids.device)  # (1, L)
         logits = None
         if self.return_logits:
@@ -422,7 +431,8 @@ class DominoCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._step is None:
             return
-        step, accepted = self._step, int(num_matches)
+        step, accepted = self._step, int(num_matches)  # int() waits for the verify forward on any device
+        self.chooser.cost.observe(step.proposed + 1, time.perf_counter() - self._proposed_at)
         proposed, source = step.proposed, step.source
         self.stats.record(proposed, accepted, source, step.draft_ran)
         verified = input_ids[0, -(accepted + 1) :].tolist()  # this step's accepted tokens + bonus (the target's)

@@ -151,11 +151,13 @@ def lookup_steps(target, draft, n, seed, **kwargs):
     return steps
 
 
-@pytest.mark.parametrize("forced", [False, True])
-def test_sampling_with_lookup_is_exact(target, monkeypatch, forced):
+@pytest.mark.parametrize("forced, timed", [(False, False), (True, False), (False, True)])
+def test_sampling_with_lookup_is_exact(target, monkeypatch, forced, timed):
+    """The rule as shipped, lookup forced, and the timing-driven options (measured verify cost, cut spans)."""
     from domino_hf.modeling.hybrid_domino import SourceChooser
 
     draft = peaked_draft(target)
+    draft.config.measure_verify_cost = draft.config.cut_lookup_spans = timed
     if forced:
         always_lookup(monkeypatch)
     else:  # the calibrated rule as shipped
@@ -239,6 +241,85 @@ def test_the_choice_weighs_verify_cost():
     assert chooser.choose(1.1, 4, 1.1, _span(range(10))) == "domino"
     assert chooser.choose(1.1, 4, 1.2, _span(range(4))) == "lookup"  # same cost: more tokens win
     assert VerifyCost.for_device(torch.device("meta"))(11) < 1.05  # accelerators: more tokens ~ free
+
+
+def test_verify_cost_is_refitted_to_the_measured_forwards():
+    """The fixed curve is one machine's; measured forwards (a steeper CPU here) take over, and stalls are clipped."""
+    from domino_hf.modeling.hybrid_domino import VerifyCost
+
+    fixed = VerifyCost(step=0.08, per_token=0.025)
+    fixed.observe(11, 0.5)
+    assert fixed(11) == pytest.approx(1.33)  # measure=False ignores timings
+    cost = VerifyCost(step=0.08, per_token=0.025, measure=True)
+    assert cost(11) == pytest.approx(1.33) and cost.seconds(1) is None  # the prior until something is timed
+
+    def machine(k):  # seconds: a plain step 0.14 s, +0.02 s per extra token, +0.03 s for any k > 1
+        return 0.14 if k == 1 else 0.17 + 0.02 * (k - 1)
+
+    for _ in range(60):
+        for k in (1, 5, 11):
+            cost.observe(k, machine(k))
+    assert cost(5) == pytest.approx(machine(5) / machine(1), rel=0.02)
+    assert cost(11) == pytest.approx(machine(11) / machine(1), rel=0.02)
+    assert cost(8) == pytest.approx(machine(8) / machine(1), rel=0.02)  # between measured lengths: the line
+    cost.observe(11, 30.0)  # a stall counts as at most twice the expected time
+    assert cost(11) < 1.1 * machine(11) / machine(1)
+    flat = VerifyCost(measure=True)
+    for _ in range(30):
+        flat.observe(1, 0.02)
+        flat.observe(9, 0.019)  # noise below a plain step: never cheaper than 1
+    assert flat(9) == 1.0
+
+
+def test_measured_verify_cost_times_every_step_and_stays_lossless(fitted_pair, monkeypatch):
+    """`measure_verify_cost`: each verify forward is timed (k = tokens proposed + 1); output unchanged."""
+    from domino_hf.modeling.hybrid_domino import VerifyCost
+
+    target, draft, _ = fitted_pair("qwen3", vocab_size=32)
+    seen = []
+    original = VerifyCost.observe
+    monkeypatch.setattr(VerifyCost, "observe", lambda self, k, s: seen.append((self.measure, k, s)) or original(
+        self, k, s))
+    for measure in (False, True):
+        draft.config.measure_verify_cost = measure
+        seen.clear()
+        _, stats = greedy_both(target, draft, passage_prompt(32, seed=1), max_new_tokens=30)
+        assert [k for _, k, _ in seen] == [d + 1 for d in stats.drafted]
+        assert all(m == measure and s > 0 for m, s in ((m, s) for m, _, s in seen))
+
+
+def test_cut_spans_stay_lossless_and_never_longer(fitted_pair):
+    target, draft, _ = fitted_pair("gemma3", vocab_size=32)
+    longest = {}
+    for cut in (False, True):
+        draft.config.cut_lookup_spans = cut
+        lengths = []
+        for seed in range(3):
+            _, stats = greedy_both(target, draft, passage_prompt(32, seed), max_new_tokens=30)
+            lengths += [d for d, source in zip(stats.drafted, stats.sources) if source == "lookup"]
+        longest[cut] = max(lengths)
+    assert longest[True] <= longest[False]
+
+
+def test_span_cut_keeps_the_prefix_worth_its_verify():
+    from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
+
+    chooser = SourceChooser(max_span=10, cost=VerifyCost(step=0.08, per_token=0.06))
+    weak = _span(range(10), ngram=1)
+    assert chooser.span_length(weak) == 10  # off by default: spans go out whole
+    chooser.cut_spans = True
+    h = chooser.span_model(weak).h
+    values = []
+    for n in range(1, 11):
+        chain = [1.0]
+        for rate in h[:n]:
+            chain.append(chain[-1] * rate)
+        values.append((1 + sum(chain[1:])) / chooser.cost(n + 1))
+    assert chooser.span_length(weak) == 1 + values.index(max(values)) < 10
+    strong = _span(range(10), ngram=3)
+    for _ in range(20):  # spans of this kind are copied whole: worth sending in full
+        chooser.update(_step("lookup", 10, span=strong), 10, None, list(range(11)))
+    assert chooser.span_length(strong) == 10
 
 
 

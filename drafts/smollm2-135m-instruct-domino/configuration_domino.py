@@ -52,6 +52,15 @@ class DominoConfig(PretrainedConfig):
             occurrence) and proposes the span that follows it, up to this many tokens, instead of the Domino
             block when that span is expected to get more tokens accepted (decided before any draw: exact).
             0 = Domino blocks only. A per-call `generate(prompt_lookup_num_tokens=…)` overrides it.
+        measure_verify_cost (`bool`): time the target's verify forwards while generating and weigh block
+            against span by this machine's measured cost of verifying k tokens (`VerifyCost`), instead of a
+            fixed curve fitted on one CPU. Timing only steers which proposal goes out, never the output: greedy
+            stays identical and sampling exact; the per-step choices (and so τ) may differ between runs.
+            Off by default: on the 2-core AVX2 machine where it was measured, the choices came out almost the
+            same as with the fixed curve (docs/hybrid.md).
+        cut_lookup_spans (`bool`): send only the prefix of a context-lookup span with the most expected tokens
+            per unit of verify cost under the span history (`SourceChooser.span_length`), instead of the whole
+            span; a copy under way still goes out whole. Cheaper verifies, slightly lower τ (docs/hybrid.md).
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for (named in the error raised when the draft does not fit a target).
         bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
@@ -92,6 +101,8 @@ class DominoConfig(PretrainedConfig):
         draft_confidence_threshold=0.0,
         max_draft_tokens=None,
         context_lookup_tokens=10,
+        measure_verify_cost=False,
+        cut_lookup_spans=False,
         target_model_type=None,
         target_name_or_path=None,
         bos_token_id=None,
@@ -145,6 +156,8 @@ class DominoConfig(PretrainedConfig):
         self.draft_confidence_threshold = float(draft_confidence_threshold)
         self.max_draft_tokens = max_draft_tokens
         self.context_lookup_tokens = context_lookup_tokens
+        self.measure_verify_cost = measure_verify_cost
+        self.cut_lookup_spans = cut_lookup_spans
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         self.bos_token_id = bos_token_id
@@ -284,6 +297,8 @@ _FIELD_RULES = {
                                    "(0 = always draft the whole block)"),
     "max_draft_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "None (no cap) or an integer >= 1"),
     "context_lookup_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no context lookup)"),
+    "measure_verify_cost": (lambda v: isinstance(v, bool), "True or False"),
+    "cut_lookup_spans": (lambda v: isinstance(v, bool), "True or False"),
     "bos_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "pad_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "eos_token_id": (lambda v: v is None or _is_token_id(v) or _is_id_list(v), "None, a token id >= 0 or a list "

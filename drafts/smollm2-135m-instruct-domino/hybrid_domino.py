@@ -138,20 +138,75 @@ class DraftBackoff:
 
 
 class VerifyCost:
-    """Relative cost of a verify forward over k tokens, a plain step (k = 1) being 1: 1 + `step` + `per_token`·(k-1)
-    for k > 1. The CPU defaults fit the `optimize_for_cpu` column of docs/cpu_kernels.md (SmolLM2-135M fp32:
-    k = 2, 5, 9, 17 cost 1.11, 1.20, 1.29, 1.52). On a GPU a few more tokens are close to free, and
-    `for_device` assumes so (not measured here)."""
+    """Relative cost of a verify forward over k tokens, a plain step (k = 1) being 1.
 
-    def __init__(self, step: float = 0.08, per_token: float = 0.025):
+    The prior is 1 + `step` + `per_token`·(k-1) for k > 1, fitted to the `optimize_for_cpu` column of
+    docs/cpu_kernels.md on an AVX-512 machine (SmolLM2-135M fp32: k = 2, 5, 9, 17 cost 1.11, 1.20, 1.29, 1.52);
+    on a GPU a few more tokens are close to free, and `for_device` assumes so. The real curve depends on the
+    machine (on a 2-core AVX2 machine the same target costs 1.28, 1.46, 1.86 at k = 5, 9, 17), so with
+    `measure` the generator times every verify forward (`observe`) and the curve is refitted as it goes:
+    exponentially weighted least squares of seconds against k, t(1) on its own and t(k) = a + b·(k-1) for
+    k > 1, starting from `prior_weight` pseudo-observations of the prior curve (scaled to the first measured
+    forward) that fade like old measurements. Timings never depend on a token drawn for the step being
+    proposed, so speculative sampling stays exact; greedy output never depends on the choice at all.
+    """
+
+    def __init__(self, step: float = 0.08, per_token: float = 0.025, measure: bool = False, decay: float = 0.97,
+                 prior_weight: float = 4.0):
         self.step, self.per_token = step, per_token
+        self.measure, self.decay, self.prior_weight = measure, decay, prior_weight
+        self._sums: list[float] | None = None  # [n1, t1, n, Σx, Σt, Σxx, Σxt] for k = 1 and x = k-1 > 0
 
     @classmethod
-    def for_device(cls, device: torch.device) -> VerifyCost:
-        return cls() if device.type == "cpu" else cls(step=0.01, per_token=0.002)
+    def for_device(cls, device: torch.device, measure: bool = False) -> VerifyCost:
+        return cls(measure=measure) if device.type == "cpu" else cls(step=0.01, per_token=0.002, measure=measure)
+
+    def prior(self, k: int) -> float:
+        return 1.0 if k <= 1 else 1.0 + self.step + self.per_token * (k - 1)
+
+    def seconds(self, k: int) -> float | None:
+        """The fitted time of a k-token verify forward, None before any measurement."""
+        if self._sums is None:
+            return None
+        n1, t1, n, sx, st, sxx, sxt = self._sums
+        if k <= 1:
+            return t1 / n1
+        slope = (n * sxt - sx * st) / max(n * sxx - sx * sx, 1e-12)
+        slope = max(slope, 0.0)  # a longer forward is never cheaper
+        return (st - slope * sx) / n + slope * (k - 1)
 
     def __call__(self, k: int) -> float:
-        return 1.0 if k <= 1 else 1.0 + self.step + self.per_token * (k - 1)
+        if k <= 1:
+            return 1.0
+        if self._sums is None:
+            return self.prior(k)
+        return max(self.seconds(k) / self.seconds(1), 1.0)
+
+    def observe(self, k: int, seconds: float) -> None:
+        """One verify forward over `k` tokens took `seconds` (ignored unless `measure`)."""
+        if not self.measure or seconds <= 0:
+            return
+        if self._sums is None:  # the prior curve, scaled to this first forward, as pseudo-observations
+            scale, w = seconds / self.prior(k), self.prior_weight
+            self._sums = [w, w * scale, 0.0, 0.0, 0.0, 0.0, 0.0]
+            for x in (1, 10):
+                self._add(x, scale * self.prior(x + 1), w / 2)
+        self._sums = [v * self.decay for v in self._sums]
+        predicted = self.seconds(k)
+        seconds = min(seconds, 2.0 * predicted)  # a stall (first use of a shape, the OS) is not the curve
+        if k <= 1:
+            self._sums[0] += 1.0
+            self._sums[1] += seconds
+        else:
+            self._add(k - 1, seconds, 1.0)
+
+    def _add(self, x: float, t: float, w: float) -> None:
+        sums = self._sums
+        sums[2] += w
+        sums[3] += w * x
+        sums[4] += w * t
+        sums[5] += w * x * x
+        sums[6] += w * x * t
 
 
 class SpanModel:
@@ -204,6 +259,7 @@ class SourceChooser:
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
+        self.cut_spans = False  # DominoConfig.cut_lookup_spans
 
     def span_model(self, span: Span) -> SpanModel:
         return self.spans[min(max(span.ngram, 1), max(self.spans))]
@@ -212,9 +268,25 @@ class SourceChooser:
         """Send the span without drafting: a copy is under way, or spans beat blocks by over a token lately."""
         return self.copying or self.span_model(span).expected(len(span.tokens)) > self.domino_average + 1.0
 
+    def span_length(self, span: Span) -> int:
+        """How much of the span to send: all of it, or with `cut_spans` the prefix with the most expected tokens
+        (accepted + bonus) per unit of verify cost under the span history."""
+        length = len(span.tokens)
+        if not self.cut_spans or length <= 1 or self.copying:  # a copy under way goes out whole
+            return length
+        h = self.span_model(span).h
+        best, best_value, expected, chain = length, -1.0, 0.0, 1.0
+        for n in range(1, length + 1):
+            chain *= h[n - 1]
+            expected += chain
+            value = (1.0 + expected) / self.cost(n + 1)
+            if value > best_value + 1e-9:
+                best, best_value = n, value
+        return best
+
     def _values(self, domino_score: float, block: int, lookup_score: float, span: Span) -> tuple[float, float]:
         """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""
-        length = len(span.tokens)
+        length = self.span_length(span)
         domino = (1.0 + domino_score * self.realised / self.predicted) / self.cost(block + 1)
         lookup = (1.0 + max(lookup_score, self.span_model(span).expected(length))) / self.cost(length + 1)
         return domino, lookup
