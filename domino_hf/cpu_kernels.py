@@ -79,7 +79,7 @@ class PackedLinear(nn.Linear):
 
     def _can_use_packed(self, x: torch.Tensor) -> bool:
         weight = self.weight
-        if weight.device.type != "cpu" or weight.dtype not in PACKABLE_DTYPES or x.dtype != weight.dtype:
+        if weight.device.type != "cpu" or not packable(weight.dtype) or x.dtype != weight.dtype:
             return False
         return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
 

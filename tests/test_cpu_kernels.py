@@ -160,3 +160,16 @@ def test_bf16_layers_stay_stock_where_onednn_has_no_bf16_path(monkeypatch, caplo
     optimize_for_cpu(draft_target)
     ids = tiny_prompts(1, vocab_size=32)[0]
     greedy_both(draft_target, draft, ids, max_new_tokens=8)  # a bf16 draft on stock kernels: still lossless
+
+
+def test_a_packed_layer_cast_to_an_unpackable_dtype_runs_stock(monkeypatch):
+    """Optimized in fp32, then `.to(bfloat16)` on a CPU without oneDNN bf16: the forward falls back, never repacks."""
+    from domino_hf import cpu_kernels
+
+    monkeypatch.setitem(cpu_kernels._dtype_support, torch.bfloat16, False)
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8)))[0]
+    assert type(layer) is PackedLinear
+    layer.to(torch.bfloat16)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(layer(x), torch.nn.functional.linear(x, layer.weight, layer.bias))
