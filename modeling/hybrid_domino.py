@@ -252,14 +252,15 @@ class SourceChooser:
     Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ).
     """
 
-    def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3):
+    def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3,
+                 *, cut_spans: bool = False):
         self.cost = cost or VerifyCost()
         self.spans = {n: SpanModel(max_span, start) for n, start in SPAN_START_RATES.items()}
         self.alpha = alpha
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
-        self.cut_spans = False  # DominoConfig.cut_lookup_spans
+        self.cut_spans = cut_spans  # DominoConfig.cut_lookup_spans
 
     def span_model(self, span: Span) -> SpanModel:
         return self.spans[min(max(span.ngram, 1), max(self.spans))]
@@ -274,15 +275,9 @@ class SourceChooser:
         length = len(span.tokens)
         if not self.cut_spans or length <= 1 or self.copying:  # a copy under way goes out whole
             return length
-        h = self.span_model(span).h
-        best, best_value, expected, chain = length, -1.0, 0.0, 1.0
-        for n in range(1, length + 1):
-            chain *= h[n - 1]
-            expected += chain
-            value = (1.0 + expected) / self.cost(n + 1)
-            if value > best_value + 1e-9:
-                best, best_value = n, value
-        return best
+        spans = self.span_model(span)
+        values = [(1.0 + spans.expected(n)) / self.cost(n + 1) for n in range(1, length + 1)]
+        return 1 + values.index(max(values))  # the shortest of equally good prefixes
 
     def _values(self, domino_score: float, block: int, lookup_score: float, span: Span) -> tuple[float, float]:
         """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""

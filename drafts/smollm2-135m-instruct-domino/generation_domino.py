@@ -183,8 +183,7 @@ class DominoCandidateGenerator(CandidateGenerator):
             )
         self.backoff = DraftBackoff()
         cost = VerifyCost.for_device(target.device, measure=settings["measure_cost"])
-        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost)
-        self.chooser.cut_spans = settings["cut_spans"]
+        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost, cut_spans=settings["cut_spans"])
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the span lookup found at the step being proposed
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
