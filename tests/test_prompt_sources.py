@@ -15,7 +15,7 @@ import pytest
 
 from domino_hf import prompt_sources
 from domino_hf.data import BUILT_SOURCES, read_prompts
-from domino_hf.training.decontaminate import COPY_HEAVY_SET, BenchmarkFilter
+from domino_hf.training.decontaminate import COPY_HEAVY_SET, PROJECT_SETS, BenchmarkFilter
 from domino_hf.utils import project_root
 
 ID = re.compile(r"^(?P<source>[a-z-]+):(?P<key>\S+):[0-9a-f]{8}$")
@@ -80,19 +80,21 @@ def test_the_sources_are_the_same_in_every_process(static_sets):
 
 
 def test_an_injected_benchmark_prompt_is_dropped(monkeypatch, benchmark_filter):
-    """Benchmark prompts (HumanEval, an MT-Bench second turn, a shared set, the copy-heavy set) inserted among a
-    real source's records are dropped and counted; the real records stay."""
+    """Benchmark prompts (HumanEval, an MT-Bench second turn, a shared set, the project's copy-heavy and
+    translation sets) inserted among a real source's records are dropped and counted; the real records stay."""
     pytest.importorskip("chatterbot_corpus")
     real = list(prompt_sources.chatterbot())[:40]
     copy_heavy = read_prompts(str(project_root() / COPY_HEAVY_SET)).records[3].turns[0]
-    injected = [read_prompts("humaneval").records[0].turns[0], read_prompts("qa").records[5].turns[0], copy_heavy]
+    translation = read_prompts(str(project_root() / PROJECT_SETS / "translation.jsonl")).records[0].turns[0]
+    injected = [read_prompts("humaneval").records[0].turns[0], read_prompts("qa").records[5].turns[0], copy_heavy,
+                translation]
     mt_bench = read_prompts("mt_bench").records[2].turns
     fake = [*real[:10], *(prompt_sources.record("chatterbot", f"x{i}", [t]) for i, t in enumerate(injected)),
             prompt_sources.record("chatterbot", "mt", ["Hello there!", mt_bench[1]]), *real[10:]]
     monkeypatch.setitem(prompt_sources.BUILDERS, "chatterbot", lambda: iter(fake))
     prompts = read_prompts("chatterbot")
-    assert prompts.contaminated == 4 and [r.id for r in prompts] == [r["id"] for r in real]
-    assert read_prompts("chatterbot", limit=12).contaminated == 4  # dropped ones do not count toward a limit
+    assert prompts.contaminated == 5 and [r.id for r in prompts] == [r["id"] for r in real]
+    assert read_prompts("chatterbot", limit=12).contaminated == 5  # dropped ones do not count toward a limit
 
 
 def test_no_benchmark_prompt_in_the_shipped_sources(static_sets, benchmark_filter):

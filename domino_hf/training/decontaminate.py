@@ -5,8 +5,8 @@ that says nothing about new prompts. `BenchmarkFilter` flags a training prompt t
 after normalisation (case, whitespace, punctuation) or shares a run of `ngram` words with one (13, as in the
 usual LLM decontamination practice). `domino train` and `domino features` drop such records, with a count.
 
-The benchmarks: HumanEval, every turn of MT-Bench, the shared Alpaca / summarisation / QA sets, and the
-project's copy-heavy set (`examples/data/copy_heavy.jsonl`).
+The benchmarks: HumanEval, every turn of MT-Bench, the shared Alpaca / summarisation / QA sets, and every
+prompt set of the project's own (`examples/data/*.jsonl`: the copy-heavy set and the held-out prompt types).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from ..utils import project_root
 logger = logging.getLogger(__name__)
 
 BENCHMARK_SOURCES = ("humaneval", "mt_bench", "alpaca", "sum", "qa")
-COPY_HEAVY_SET = Path("examples") / "data" / "copy_heavy.jsonl"
+PROJECT_SETS = Path("examples") / "data"  # every *.jsonl in it is a benchmark set
+COPY_HEAVY_SET = PROJECT_SETS / "copy_heavy.jsonl"
 _WORD = re.compile(r"\w+")
 
 
@@ -51,14 +52,13 @@ class BenchmarkFilter:
     @classmethod
     def for_benchmarks(cls, sources: Iterable[str] = BENCHMARK_SOURCES, ngram: int = 13) -> BenchmarkFilter:
         """A filter over every turn of the benchmark prompt sets that can be read here (a missing optional
-        package or shared folder is logged and skipped) and the copy-heavy set."""
+        package or shared folder is logged and skipped) and the project's own sets (`PROJECT_SETS`)."""
         texts: list[str] = []
         for source in sources:
             try:
                 texts += [turn for record in read_prompts(source).records for turn in record.turns]
             except (OSError, ImportError) as err:
                 logger.warning("decontamination: cannot read benchmark %s (%s); not filtered against it", source, err)
-        copy_set = project_root() / COPY_HEAVY_SET
-        if copy_set.is_file():
-            texts += [turn for record in read_prompts(str(copy_set)).records for turn in record.turns]
+        for path in sorted((project_root() / PROJECT_SETS).glob("*.jsonl")):
+            texts += [turn for record in read_prompts(str(path)).records for turn in record.turns]
         return cls(texts, ngram=ngram)
