@@ -44,7 +44,7 @@ def test_regen_writes_the_schema(tiny_llama, tmp_path):
     eos, length = _eos_from_output(model, tokenizer, prompts)
     out = tmp_path / "out" / "regen.jsonl"
     summary = regenerate(model, tokenizer, prompts, out, batch_size=4, max_new_tokens=6)
-    rows = _rows(out)
+    rows = sorted(_rows(out), key=lambda r: int(r["id"][1:]))  # batches go by prompt length (length_batches)
     assert [r["id"] for r in rows] == [f"p{i}" for i in range(6)]
     assert all(list(r) == FIELDS for r in rows)
     assert rows[0]["finished"] and rows[0]["response_ids"][-1] == eos and len(rows[0]["response_ids"]) == length
@@ -158,3 +158,19 @@ def test_stop_strings_end_answers_and_count_as_finished(tiny_llama, tmp_path):
         else:  # cut right after the token that completes the stop text
             assert cut["response_ids"] == ids[:end] and cut["finished"]
     assert len(_rows(tmp_path / "b.jsonl")[0]["response_ids"]) <= 4
+
+
+def test_length_batches_sort_within_windows_and_keep_every_prompt():
+    """Each window of `window` batches is sorted by prompt length (less left padding per batch); windows keep
+    the source's order, every prompt comes out exactly once, and the batching is the same on a rerun."""
+    from types import SimpleNamespace
+
+    lengths = [7, 1, 30, 4, 4, 12, 2, 9, 25, 3, 6, 18, 5]
+    todo = [SimpleNamespace(id=i, prompt_ids=[0] * n) for i, n in enumerate(lengths)]
+    batches = list(regen.length_batches(todo, batch_size=3, window=2))
+    assert [len(b) for b in batches] == [3, 3, 3, 3, 1]
+    assert [[len(item.prompt_ids) for item in b] for b in batches[:2]] == [[1, 4, 4], [7, 12, 30]]
+    assert [[len(item.prompt_ids) for item in b] for b in batches[2:4]] == [[2, 3, 6], [9, 18, 25]]
+    assert sorted(item.id for b in batches for item in b) == list(range(len(lengths)))
+    assert [item.id for b in batches for item in b] == [
+        item.id for b in regen.length_batches(todo, batch_size=3, window=2) for item in b]
