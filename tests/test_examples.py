@@ -46,3 +46,30 @@ def test_train_tiny_on_a_gemma3_style_base_model_whose_features_overflow_float16
     features = torch.cat([store.get(i, len(r["prompt_ids"]) + len(r["response_ids"])) for i, r in enumerate(rows)])
     assert features.abs().max() > 65504 and torch.isfinite(features).all()  # beyond fp16, stored finite (bf16)
     assert "nan" not in (out / "run_features" / "final" / "training_summary.json").read_text().lower()
+
+
+def test_regen_shards_round_trip(tmp_path, monkeypatch):
+    """`regen_shards.py export` writes only records no shard holds; `seed` restores them into an empty cache
+    (a new machine), skipping ids the cache already has and whole-line-checking a file cut short by a kill."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("regen_shards", REPO / "examples" / "regen_shards.py")
+    shards = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(shards)
+    monkeypatch.setattr(shards, "SHARDS", tmp_path / "repo" / "data" / "regen")
+    monkeypatch.setattr(shards, "ROOT", tmp_path / "repo")
+    monkeypatch.setattr(shards, "CACHE", tmp_path / "cache")
+    cache = tmp_path / "cache" / shards.STREAMS["a"]
+    cache.parent.mkdir()
+    rows = [json.dumps({"id": f"r{i}", "response_ids": [1, 2, i]}) + "\n" for i in range(5)]
+    cache.write_text("".join(rows[:3]) + rows[3][:10])  # the job was killed mid-line
+    shards.export("a", "20261202")
+    cache.write_text("".join(rows))
+    shards.export("a", "20261202")
+    shards.export("a", "20261202")  # nothing new: no third shard
+    written = sorted(p.name for p in shards.SHARDS.iterdir())
+    assert written == ["a-20261202-0.jsonl.gz", "a-20261202-1.jsonl.gz"]
+    assert shards.shard_lines("a") == rows
+    cache.write_text(rows[1])  # a new machine's cache, after one answer
+    shards.seed("a")
+    assert sorted(cache.read_text().splitlines(keepends=True)) == sorted(rows)

@@ -84,6 +84,19 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path):
     assert len(dataset) == 1 and dataset.skipped == 4
 
 
+def test_gzipped_shards_read_like_plain_ones(target, tmp_path):
+    """Committed data shards are gzipped JSONL; a mix of plain and `.gz` files reads as their concatenation."""
+    import gzip
+
+    plain = write_regen(tmp_path / "a.jsonl", target, count=5)
+    packed = tmp_path / "b.jsonl.gz"
+    packed.write_bytes(gzip.compress(Path(plain).read_bytes()))
+    one = RegenDataset.from_jsonl(plain).examples
+    both = RegenDataset.from_jsonl([plain, packed]).examples
+    assert len(both) == 2 * len(one) == 10
+    assert [(e.prompt_ids, e.response_ids) for e in both[5:]] == [(e.prompt_ids, e.response_ids) for e in one]
+
+
 def test_draft_vocab_keeps_eos_and_reports_coverage(target, tmp_path):
     dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=6))
     ids, coverage = build_draft_vocab(dataset, 4, always=(31,))

@@ -7,6 +7,7 @@ always sees the same blocks, whatever the number of processes and however often 
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 from collections import Counter
@@ -58,12 +59,13 @@ class RegenDataset(Dataset):
     def from_jsonl(
         cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None, exclude=None
     ):
-        """Read regen JSONL file(s). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`)
+        """Read regen JSONL file(s), plain or gzipped (`.gz`). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`)
         when it flags the prompt or any earlier user turn of a multi-turn record (`earlier_prompts`);
         `domino train` and `domino features` apply the same filter, so feature shards stay aligned."""
         examples, skipped, excluded = [], 0, 0
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
-            with open(path, encoding="utf-8") as handle:
+            opener = gzip.open if str(path).endswith(".gz") else open
+            with opener(path, "rt", encoding="utf-8") as handle:
                 for line in handle:
                     if limit is not None and len(examples) >= limit:
                         break

