@@ -59,9 +59,10 @@ class RegenDataset(Dataset):
     def from_jsonl(
         cls, paths, max_length: int = 3072, vocab_size: int | None = None, limit: int | None = None, exclude=None
     ):
-        """Read regen JSONL file(s), plain or gzipped (`.gz`). `exclude(prompt_text) -> bool` drops records (e.g. a `BenchmarkFilter`)
-        when it flags the prompt or any earlier user turn of a multi-turn record (`earlier_prompts`);
-        `domino train` and `domino features` apply the same filter, so feature shards stay aligned."""
+        """Read regen JSONL file(s), plain or gzipped (`.gz`). `exclude(prompt_text) -> bool` drops records (e.g.
+        a `BenchmarkFilter`) when it flags the prompt or any earlier user turn of a multi-turn record
+        (`earlier_prompts`); `domino train` and `domino features` apply the same filter, so feature shards stay
+        aligned."""
         examples, skipped, excluded = [], 0, 0
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             opener = gzip.open if str(path).endswith(".gz") else open
