@@ -147,6 +147,6 @@ def test_regen_answers_a_mix_of_built_sources(tiny_llama, tmp_path, monkeypatch)
     assert args.func(args) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     expected = read_prompts("chatterbot,python-docs", limit=4)
-    assert [r["id"] for r in rows] == [r.id for r in expected]
-    assert [r["prompt"] for r in rows] == [r.turns[0] for r in expected]
+    # batches go by prompt length (regen.length_batches), so compare as sets of (id, prompt)
+    assert sorted((r["id"], r["prompt"]) for r in rows) == sorted((r.id, r.turns[0]) for r in expected)
 
