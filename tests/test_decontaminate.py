@@ -69,3 +69,21 @@ def test_every_user_turn_of_a_multi_turn_record_is_checked(tiny_llama, tmp_path,
     kept = RegenDataset.from_jsonl(out, exclude=benchmark_filter).examples
     assert [(e.prompt, e.earlier_prompts) for e in kept] == [("w1 w2", ()), ("w5 w6", ()), ("w3", ("w1 w2",)),
                                                              ("w4", ("w1 w2", "w3"))]
+
+
+def test_committed_regen_shards_have_no_benchmark_prompt(benchmark_filter):
+    """The data job's committed shards (data/regen/, the next draft's training data): no prompt, nor any earlier
+    user turn of a multi-turn record, overlaps a benchmark."""
+    import gzip
+
+    from domino_hf.utils import project_root
+
+    shards = sorted((project_root() / "data" / "regen").glob("*.jsonl.gz"))
+    if not shards:
+        pytest.skip("no committed shard")
+    flagged = []
+    for shard in shards:
+        with gzip.open(shard, "rt", encoding="utf-8") as handle:
+            flagged += [row["id"] for row in map(json.loads, handle)
+                        if any(map(benchmark_filter, [row["prompt"], *row.get("earlier_prompts", [])]))]
+    assert flagged == []
