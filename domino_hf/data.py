@@ -183,7 +183,9 @@ def require(module: str, what: str, fix: str = "pip install 'domino-hf[offline]'
 
 
 @contextmanager
-def _open_text(path: Path) -> Iterator[IO[str]]:
+def open_text(path: str | Path) -> Iterator[IO[str]]:
+    """A UTF-8 text file, gunzipped when its name ends in `.gz`."""
+    path = Path(path)
     opener = gzip.open if path.name.endswith(".gz") else open
     with opener(path, "rt", encoding="utf-8") as fh:
         yield fh
@@ -237,7 +239,7 @@ def iter_json_array(fh: IO[str]) -> Iterator[Any]:
 
 
 def _starts_with_array(path: Path) -> bool:
-    with _open_text(path) as fh:
+    with open_text(path) as fh:
         while chunk := fh.read(4096):
             stripped = chunk.lstrip()
             if stripped:
@@ -248,7 +250,7 @@ def _starts_with_array(path: Path) -> bool:
 def _read_file(path: Path, source: str, limit: int | None) -> PromptSet:
     """JSONL (optionally gzipped), or a top-level JSON array such as a ShareGPT dump."""
     is_array = _starts_with_array(path)
-    with _open_text(path) as fh:
+    with open_text(path) as fh:
         if is_array:
             items = ((str(i), obj) for i, obj in enumerate(iter_json_array(fh), start=1))
             return _collect(items, source, limit)

@@ -19,10 +19,13 @@ import gzip
 import json
 from pathlib import Path
 
+from domino_hf.training.regen import read_existing
+from domino_hf.utils import cache_dir
+
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = ROOT / "data" / "regen"
-CACHE = Path.home() / ".cache" / "domino-hf" / "data"
-STREAMS = {"a": "sharegpt_turns_bf16.jsonl", "b": "mix_b_turns_bf16.jsonl"}  # one per run_regen process
+# The --out file of each of examples/regen_smollm2.sh's two processes, under $DOMINO_HF_CACHE/data.
+STREAMS = {"a": "sharegpt_turns_bf16.jsonl", "b": "mix_b_turns_bf16.jsonl"}
 
 
 def shard_lines(stream: str) -> list[str]:
@@ -33,26 +36,27 @@ def shard_lines(stream: str) -> list[str]:
     return lines
 
 
-def complete_lines(path: Path) -> list[str]:
-    """The file's whole JSON lines (a line cut short by a kill is left to `domino regen` to repair)."""
+def complete_records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each whole JSON line of a file a running job may be appending to: read only, so a
+    line being written (or cut short by a kill) is skipped, never truncated under the job."""
     if not path.is_file():
         return []
-    lines = []
+    records = []
     for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
         try:
-            json.loads(line)
+            records.append((line if line.endswith("\n") else line + "\n", json.loads(line)))
         except json.JSONDecodeError:
             continue
-        lines.append(line if line.endswith("\n") else line + "\n")
-    return lines
+    return records
 
 
 def seed(stream: str) -> None:
-    cache = CACHE / STREAMS[stream]
+    """Before the job starts: append to its cache file the committed records it lacks. `read_existing` first
+    cuts off a line left half-written by a kill, so no record is glued onto it."""
+    cache = cache_dir("data") / STREAMS[stream]
     committed = shard_lines(stream)
-    have = {json.loads(line)["id"] for line in complete_lines(cache)}
+    have = read_existing(cache)
     missing = [line for line in committed if json.loads(line)["id"] not in have]
-    cache.parent.mkdir(parents=True, exist_ok=True)
     with cache.open("a", encoding="utf-8") as fh:
         fh.writelines(missing)
     print(f"{stream}: {len(missing)} committed record(s) added to {cache} ({len(committed)} in shards)")
@@ -60,7 +64,8 @@ def seed(stream: str) -> None:
 
 def export(stream: str, date: str) -> None:
     committed = {json.loads(line)["id"] for line in shard_lines(stream)}
-    new = [line for line in complete_lines(CACHE / STREAMS[stream]) if json.loads(line)["id"] not in committed]
+    new = [(line, record) for line, record in complete_records(cache_dir("data") / STREAMS[stream])
+           if record["id"] not in committed]
     if not new:
         print(f"{stream}: nothing new")
         return
@@ -68,8 +73,8 @@ def export(stream: str, date: str) -> None:
     path = SHARDS / f"{stream}-{date}-{n}.jsonl.gz"
     SHARDS.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", encoding="utf-8") as fh:
-        fh.writelines(new)
-    tokens = sum(len(json.loads(line)["response_ids"]) for line in new)
+        fh.writelines(line for line, _ in new)
+    tokens = sum(len(record["response_ids"]) for _, record in new)
     print(f"{stream}: {len(new)} record(s), {tokens} response tokens -> {path.relative_to(ROOT)}")
 
 

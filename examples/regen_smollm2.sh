@@ -7,7 +7,7 @@
 #   python examples/regen_shards.py export                       # at the end of a session: commit new answers
 set -euo pipefail
 cd "$(dirname "$0")/.."
-CACHE=${CACHE:-$HOME/.cache/domino-hf}
+CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"   # as domino_hf.utils.cache_dir
 mkdir -p "$CACHE/data"
 python examples/regen_shards.py seed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1

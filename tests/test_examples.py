@@ -50,7 +50,8 @@ def test_train_tiny_on_a_gemma3_style_base_model_whose_features_overflow_float16
 
 def test_regen_shards_round_trip(tmp_path, monkeypatch):
     """`regen_shards.py export` writes only records no shard holds; `seed` restores them into an empty cache
-    (a new machine), skipping ids the cache already has and whole-line-checking a file cut short by a kill."""
+    (a new machine), skipping ids the cache already has; a line cut short by a kill is skipped by export and cut
+    off by seed before it appends."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("regen_shards", REPO / "examples" / "regen_shards.py")
@@ -58,9 +59,9 @@ def test_regen_shards_round_trip(tmp_path, monkeypatch):
     spec.loader.exec_module(shards)
     monkeypatch.setattr(shards, "SHARDS", tmp_path / "repo" / "data" / "regen")
     monkeypatch.setattr(shards, "ROOT", tmp_path / "repo")
-    monkeypatch.setattr(shards, "CACHE", tmp_path / "cache")
-    cache = tmp_path / "cache" / shards.STREAMS["a"]
-    cache.parent.mkdir()
+    monkeypatch.setenv("DOMINO_HF_CACHE", str(tmp_path / "cache"))
+    cache = tmp_path / "cache" / "data" / shards.STREAMS["a"]
+    cache.parent.mkdir(parents=True)
     rows = [json.dumps({"id": f"r{i}", "response_ids": [1, 2, i]}) + "\n" for i in range(5)]
     cache.write_text("".join(rows[:3]) + rows[3][:10])  # the job was killed mid-line
     shards.export("a", "20261202")
@@ -70,6 +71,6 @@ def test_regen_shards_round_trip(tmp_path, monkeypatch):
     written = sorted(p.name for p in shards.SHARDS.iterdir())
     assert written == ["a-20261202-0.jsonl.gz", "a-20261202-1.jsonl.gz"]
     assert shards.shard_lines("a") == rows
-    cache.write_text(rows[1])  # a new machine's cache, after one answer
+    cache.write_text(rows[1] + rows[2][:7])  # a new machine's cache: one answer, then a kill mid-line
     shards.seed("a")
     assert sorted(cache.read_text().splitlines(keepends=True)) == sorted(rows)

@@ -7,7 +7,6 @@ always sees the same blocks, whatever the number of processes and however often 
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
 from collections import Counter
@@ -17,6 +16,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import Dataset
 
+from ..data import open_text
 from ..modeling.target_domino import draft_vocab_map
 
 logger = logging.getLogger(__name__)
@@ -65,8 +65,7 @@ class RegenDataset(Dataset):
         aligned."""
         examples, skipped, excluded = [], 0, 0
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
-            opener = gzip.open if str(path).endswith(".gz") else open
-            with opener(path, "rt", encoding="utf-8") as handle:
+            with open_text(path) as handle:
                 for line in handle:
                     if limit is not None and len(examples) >= limit:
                         break
