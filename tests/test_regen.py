@@ -95,11 +95,12 @@ def test_too_long_prompts_and_limit_are_counted(tiny_llama, tmp_path):
     assert summary["written"] == 2
 
 
-def test_batched_left_padded_greedy_equals_unbatched(tiny_llama):
+@pytest.mark.parametrize("decoder", regen.DECODERS)
+def test_batched_left_padded_greedy_equals_unbatched(tiny_llama, decoder):
     model, tokenizer = tiny_llama
     prompt_ids = [chat_input_ids(tokenizer, r.turns) for r in _prompts(5).records]
     assert len({len(ids) for ids in prompt_ids}) > 1
-    kwargs = dict(max_new_tokens=8, do_sample=False)
+    kwargs = dict(max_new_tokens=8, decoder=decoder)
     pad, eos = tokenizer.pad_token_id, [tokenizer.eos_token_id]
     batched = generate_batch(model, prompt_ids, pad, eos, **kwargs)
     single = [generate_batch(model, [ids], pad, eos, **kwargs)[0] for ids in prompt_ids]

@@ -27,6 +27,7 @@ from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import PromptSet, add_chat_template_argument, read_prompts, resolve_chat_template
 from ..targets import load_target
 from ..utils import require_paths
+from .batch_decode import decode_shrinking, needs_generate
 from .turns import TURN_CHOICES, Answered, TurnPlan, TurnPrompt
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class StopTexts(StoppingCriteria):
         return torch.tensor([any(stop in text for stop in self.stops) for text in texts], device=input_ids.device)
 
 
+DECODERS = ("shrinking", "generate")
 LENGTH_WINDOW = 32  # batches per window of prompts sorted by length (see length_batches)
 
 
@@ -120,27 +122,32 @@ def length_batches(todo: list, batch_size: int, window: int = LENGTH_WINDOW) -> 
 
 
 def generate_batch(
-    model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: list[int], stop: list[str] | None = None,
-    tokenizer: Any = None, **generate_kwargs: Any
+    model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: list[int], max_new_tokens: int,
+    temperature: float = 0.0, stop: list[str] | None = None, tokenizer: Any = None, decoder: str = "shrinking",
 ) -> list[tuple[list[int], bool]]:
     """Generate for several prompts at once (left padding); `(response ids, finished)` per prompt.
 
     A finished response ends with its EOS token or with the token that completes one of the `stop` texts
-    (decoded by `tokenizer`); an unfinished one stopped at `max_new_tokens`.
+    (decoded by `tokenizer`); an unfinished one stopped at `max_new_tokens`. `decoder="shrinking"`
+    (`batch_decode.decode_shrinking`) drops finished rows from the batch; `"generate"` is transformers'
+    `generate`, which also applies the logits processors of the model's generation config.
     """
+    if decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
     width = max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     for row, ids in enumerate(prompt_ids):
         input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
         attention_mask[row, width - len(ids):] = 1
+    input_ids, attention_mask = input_ids.to(model.device), attention_mask.to(model.device)
+    if decoder == "shrinking":
+        return decode_shrinking(model, input_ids, attention_mask, max_new_tokens, eos_ids, temperature, stop, tokenizer)
+    generate_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature)}
     if stop:
         generate_kwargs["stopping_criteria"] = StoppingCriteriaList([StopTexts(tokenizer, stop, width)])
     output = model.generate(
-        input_ids=input_ids.to(model.device),
-        attention_mask=attention_mask.to(model.device),
-        pad_token_id=pad_id,
-        eos_token_id=eos_ids,
+        input_ids=input_ids, attention_mask=attention_mask, pad_token_id=pad_id, eos_token_id=eos_ids,
         **generate_kwargs,
     )
     results = []
@@ -216,8 +223,11 @@ def regenerate(
     if seed is not None:
         torch.manual_seed(seed)
     pad_id, eos_ids = _special_ids(model.generation_config, tokenizer)
-    generate_kwargs = {"max_new_tokens": max_new_tokens, "stop": stop, "tokenizer": tokenizer,
-                       **_sampling_kwargs(temperature)}
+    processors = needs_generate(model.generation_config)
+    decoder = "generate" if processors else "shrinking"
+    if processors:
+        logger.info("regen: the generation config sets %s; decoding with generate (finished rows stay in "
+                    "their batch)", ", ".join(processors))
     model.eval()
     start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh, tqdm(total=0, unit="prompt", desc="regen") as bar:
@@ -227,7 +237,7 @@ def regenerate(
             for batch in length_batches(todo, batch_size):
                 with torch.inference_mode():
                     answers = generate_batch(model, [item.prompt_ids for item in batch], pad_id, eos_ids,
-                                             **generate_kwargs)
+                                             max_new_tokens, temperature, stop, tokenizer, decoder)
                 rows = [make_row(tokenizer, item, response_ids, finished, counts)
                         for item, (response_ids, finished) in zip(batch, answers)]
                 _append(fh, rows)
