@@ -6,19 +6,24 @@
 # ones are skipped. `python examples/ablation_table.py` prints the table for docs/training.md.
 #   ARMS="base block8" STEPS=600 bash examples/ablate_smollm2.sh
 # The `kl` arm (`--loss kl`: KL to the target's top-K next-token distribution instead of cross entropy on its
-# tokens) needs features that also hold the target's top-K: they are extracted first into KL_FEATURES with the
-# same draft config (`domino features --kl-topk`, resumable; its time is not in the arm's CPU-h), or, with
-# KL_FEATURES=none, the arm runs the target's forward in every step instead (~8x slower a step, no extraction).
+# tokens) needs features that also hold the target's top-K: round 2's FEATURES hold them; a KL_FEATURES folder
+# of its own is extracted first (its time is not in the arm's CPU-h), and with KL_FEATURES=none the arm runs
+# the target's forward in every step instead (~8x slower a step, no extraction).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
-DATA="${DATA:-$CACHE/data/round1.jsonl}"
-FEATURES="${FEATURES:-$CACHE/features/round1-l1-14-27}"
-OUT="${OUT:-$CACHE/ablations}"
-STEPS="${STEPS:-600}"
-ARMS="${ARMS:-base block8 init_target layers3 gamma_wide kl}"
+# Round 2 (from session 8): the data job's shards committed by then plus the shared 5,516 answers, 3.0M
+# response tokens. A fixed list, not a glob: the features are indexed by example, so the data must not grow.
+ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/regen/b-20261202-0.jsonl.gz
+  data/regen/b-20261202-1.jsonl.gz ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl"
+DATA="${DATA:-$ROUND2_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
-KL_FEATURES="${KL_FEATURES:-$FEATURES-top$KL_TOPK}"
+# Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder.
+FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
+OUT="${OUT:-$CACHE/ablations-round2}"
+STEPS="${STEPS:-3000}"
+ARMS="${ARMS:-base init_target kl block8 layers3 gamma_wide}"
+KL_FEATURES="${KL_FEATURES:-$FEATURES}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
 EVAL_PROMPTS="${EVAL_PROMPTS:-4}"   # per set
 EVAL_TOKENS="${EVAL_TOKENS:-64}"
@@ -38,10 +43,19 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
 features_for() {  # the --features option of an arm: the kl arm reads the target's top-K too
   if [ "$1" != kl ]; then echo "--features $FEATURES"; return; fi
   if [ "$KL_FEATURES" = none ]; then return; fi
-  domino features --target smollm2 --data "$DATA" --config "$FEATURES/draft_config.json" --kl-topk "$KL_TOPK" \
-    --out "$KL_FEATURES" >&2
+  if [ "$KL_FEATURES" != "$FEATURES" ]; then
+    # shellcheck disable=SC2086
+    domino features --target smollm2 --data $DATA --config "$FEATURES/draft_config.json" --kl-topk "$KL_TOPK" \
+      --dtype bfloat16 --out "$KL_FEATURES" >&2
+  fi
   echo "--features $KL_FEATURES"
 }
+
+# The context features of every arm, once (resumable: a rerun extracts the next missing shard). The target
+# runs in bf16 (its answers were written in bf16 too); layers 1, 14, 27 of the shipped config.
+# shellcheck disable=SC2086
+domino features --target smollm2 --data $DATA --config hub_configs/smollm2-135m-instruct-domino.json \
+  --kl-topk "$KL_TOPK" --dtype bfloat16 --out "$FEATURES"
 
 for arm in $ARMS; do
   run="$OUT/$arm"
@@ -49,7 +63,7 @@ for arm in $ARMS; do
     mkdir -p "$run"
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
-    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data "$DATA" $features $(arm_options "$arm") \
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features $(arm_options "$arm") \
       --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 \
       --save-steps 100 --logging-steps 50 --seed 0 --resume
   fi

@@ -32,7 +32,7 @@ def test_dataset_drops_benchmark_prompts(tmp_path, benchmark_filter):
     alpaca = read_prompts("alpaca").records[0].turns[0]
     rows = [
         {"id": "a", "prompt": alpaca, "prompt_ids": [1, 2], "response_ids": [3, 4, 5]},
-        {"id": "b", "prompt": "Tell me a joke about cats.", "prompt_ids": [1, 2], "response_ids": [3, 4, 5]},
+        {"id": "b", "prompt": "Tell me a joke about cats.", "prompt_ids": [1, 6], "response_ids": [3, 4, 5]},
     ]
     path = tmp_path / "regen.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -85,16 +85,28 @@ def test_malformed_lines_are_skipped_and_counted(tmp_path):
 
 
 def test_gzipped_shards_read_like_plain_ones(target, tmp_path):
-    """Committed data shards are gzipped JSONL; a mix of plain and `.gz` files reads as their concatenation."""
+    """Committed data shards are gzipped JSONL, read like plain files; and a prompt answered in two files (here
+    the same records twice) is trained on once, from the first file listed."""
     import gzip
 
     plain = write_regen(tmp_path / "a.jsonl", target, count=5)
     packed = tmp_path / "b.jsonl.gz"
     packed.write_bytes(gzip.compress(Path(plain).read_bytes()))
-    one = RegenDataset.from_jsonl(plain).examples
-    both = RegenDataset.from_jsonl([plain, packed]).examples
-    assert len(both) == 2 * len(one) == 10
-    assert [(e.prompt_ids, e.response_ids) for e in both[5:]] == [(e.prompt_ids, e.response_ids) for e in one]
+    one = [(e.prompt_ids, e.response_ids) for e in RegenDataset.from_jsonl(plain).examples]
+    assert [(e.prompt_ids, e.response_ids) for e in RegenDataset.from_jsonl(packed).examples] == one
+    assert [(e.prompt_ids, e.response_ids) for e in RegenDataset.from_jsonl([plain, packed]).examples] == one
+
+
+def test_a_prompt_answered_twice_is_kept_once(tmp_path, caplog):
+    first, second = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first.write_text('{"prompt_ids": [1, 2], "response_ids": [3, 4]}\n{"prompt_ids": [1, 5], "response_ids": [6, 7]}\n')
+    second.write_text('{"prompt_ids": [1, 2], "response_ids": [8, 9, 10]}\n'
+                      '{"prompt_ids": [2, 1], "response_ids": [3, 4]}\n')
+    with caplog.at_level("INFO"):
+        dataset = RegenDataset.from_jsonl([first, second])
+    assert [(e.prompt_ids, e.response_ids) for e in dataset.examples] == [([1, 2], [3, 4]), ([1, 5], [6, 7]),
+                                                                           ([2, 1], [3, 4])]
+    assert "Dropped 1 record(s) answering a prompt an earlier record answers" in caplog.text
 
 
 def test_draft_vocab_keeps_eos_and_reports_coverage(target, tmp_path):

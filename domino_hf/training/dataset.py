@@ -62,8 +62,10 @@ class RegenDataset(Dataset):
         """Read regen JSONL file(s), plain or gzipped (`.gz`). `exclude(prompt_text) -> bool` drops records (e.g.
         a `BenchmarkFilter`) when it flags the prompt or any earlier user turn of a multi-turn record
         (`earlier_prompts`); `domino train` and `domino features` apply the same filter, so feature shards stay
-        aligned."""
-        examples, skipped, excluded = [], 0, 0
+        aligned. A record whose `prompt_ids` an earlier one already has is dropped and counted: files of one
+        target often answer the same prompts (a rerun at another dtype or length cap), and a second answer to one
+        context would only weigh it twice. The first file listed wins."""
+        examples, skipped, excluded, duplicates, seen = [], 0, 0, 0, set()
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             with open_text(path) as handle:
                 for line in handle:
@@ -76,6 +78,10 @@ class RegenDataset(Dataset):
                     if exclude is not None and any(map(exclude, (example.prompt, *example.earlier_prompts))):
                         excluded += 1
                         continue
+                    if (key := tuple(example.prompt_ids)) in seen:
+                        duplicates += 1
+                        continue
+                    seen.add(key)
                     room = max_length - len(example.prompt_ids)
                     if room < 2:
                         skipped += 1
@@ -86,6 +92,8 @@ class RegenDataset(Dataset):
             logger.warning("Skipped %d malformed or unusable lines in %s", skipped, paths)
         if excluded:
             logger.warning("Dropped %d record(s) whose prompt overlaps a benchmark prompt", excluded)
+        if duplicates:
+            logger.info("Dropped %d record(s) answering a prompt an earlier record answers", duplicates)
         logger.info(
             "Loaded %d training examples (%d response tokens)", len(examples),
             sum(len(e.response_ids) for e in examples),
