@@ -35,15 +35,16 @@ def test_train_tiny_on_a_gemma3_style_base_model_whose_features_overflow_float16
     """regen → features → train → export → lossless generate for a base model (no chat template) with a 262k
     vocabulary, sliding-window layers and hidden states beyond 65504: the features stay finite, training is not NaN,
     and the exported draft is lossless and gets tokens accepted."""
+    from domino_hf.training.dataset import RegenDataset
     from domino_hf.training.features import FeatureStore
 
     out = tmp_path / "out"
     result = run_train_tiny(out, TINY_TARGET="--gemma3", DRAFT_ARGS="--draft-vocab-size 128",
                             EXPORT_ARGS="--dtype bfloat16")
     assert "has no chat template: prompts are plain text" in result.stderr  # the base-model fallback is said
-    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    examples = RegenDataset.from_jsonl(out / "data.jsonl").examples  # as features and train read them
     store = FeatureStore(out / "features")
-    features = torch.cat([store.get(i, len(r["prompt_ids"]) + len(r["response_ids"])) for i, r in enumerate(rows)])
+    features = torch.cat([store.get(i, len(e.prompt_ids) + len(e.response_ids)) for i, e in enumerate(examples)])
     assert features.abs().max() > 65504 and torch.isfinite(features).all()  # beyond fp16, stored finite (bf16)
     assert "nan" not in (out / "run_features" / "final" / "training_summary.json").read_text().lower()
 
