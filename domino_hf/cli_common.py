@@ -42,6 +42,21 @@ def add_target_arguments(parser, default: str | None = "smollm2", required: bool
     )
 
 
+def add_device_argument(parser) -> None:
+    """`--device` for the target of a data command (`regen`, `features`); see `target_device`."""
+    parser.add_argument("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: "
+                        "cuda if available, else cpu).")
+
+
+def target_device(args: argparse.Namespace) -> str:
+    """`--device`, or cuda when one is available, else cpu."""
+    if args.device:
+        return args.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def target_kwargs(args: argparse.Namespace) -> dict:
     """The keyword arguments of `load_target` that `add_target_arguments` collected."""
     return {"trust_remote_code": args.trust_remote_code, "revision": args.revision, "token": args.token}

@@ -285,22 +285,22 @@ def test_cli_missing_inputs_are_clean_errors(tmp_path, caplog, argv, flag):
     assert f"{flag} {tmp_path / 'missing'}: no such file or folder" in caplog.text
 
 
-def test_features_cli_loads_the_target_in_the_requested_dtype(tmp_path, monkeypatch):
+def test_features_cli_loads_the_target_in_the_requested_dtype_and_device(tmp_path, monkeypatch):
     import domino_hf.targets
     from domino_hf.cli import main
 
     seen = []
 
     def fake_load_target(name, dtype=torch.float32, device="cpu", **hub_options):
-        seen.append(dtype)
+        seen.append((dtype, device))
         raise OSError("no target in this test")
 
     monkeypatch.setattr(domino_hf.targets, "load_target", fake_load_target)
     data = tmp_path / "data.jsonl"
     data.write_text("{}\n")
     argv = ["features", "--data", str(data), "--config", str(data), "--out", str(tmp_path / "f")]
-    assert main(argv + ["--dtype", "bfloat16"]) == 2 and main(argv) == 2
-    assert seen == [torch.bfloat16, torch.float32]
+    assert main(argv + ["--dtype", "bfloat16", "--device", "cpu"]) == 2 and main(argv) == 2
+    assert seen == [(torch.bfloat16, "cpu"), (torch.float32, "cuda" if torch.cuda.is_available() else "cpu")]
 
 
 def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):

@@ -33,7 +33,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
-from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..modeling.target_domino import target_features
 from .decontaminate import BenchmarkFilter
@@ -154,7 +154,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
                     response = final_hidden[row, len(dataset.examples[index].prompt_ids) : len(seq)]  # (R, H)
                     stored.update(encode_topk(target, response, kl_topk, where))
                 for key, tensor in stored.items():
-                    tensors[f"{key}{index}"] = tensor.contiguous()
+                    tensors[f"{key}{index}"] = tensor.contiguous().cpu()
                 bar.update(len(seq))
         tmp = out / f".shard-{start:07d}.tmp"
         save_file(tensors, str(tmp))
@@ -259,6 +259,7 @@ def register(subparsers) -> None:
         formatter_class=HelpFormatter,
     )
     add_target_arguments(parser)
+    add_device_argument(parser)
     parser.add_argument(
         "--data", "--train_file", dest="data", nargs="+", required=True,
         help="JSONL file(s) written by `domino regen`.",
@@ -299,7 +300,8 @@ def run(args) -> int:
 
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
-        target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), **target_kwargs(args))
+        target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=target_device(args),
+                                        **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
         dataset = load_training_data(
             args.data, args.max_length, vocab, args.limit, exclude=BenchmarkFilter.for_benchmarks(),

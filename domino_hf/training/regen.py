@@ -22,7 +22,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import PromptSet, add_chat_template_argument, read_prompts, resolve_chat_template
 from ..targets import load_target
@@ -352,8 +352,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--dtype", default="float32", choices=DTYPE_NAMES,
         help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU "
         "(default: %(default)s).")
-    add("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: cuda if "
-        "available, else cpu).")
+    add_device_argument(parser)
     _add_endpoint_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -370,7 +369,7 @@ def run(args: argparse.Namespace) -> int:
         from .endpoint import run_endpoint
 
         return run_endpoint(args)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = target_device(args)
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
         if args.chat_template not in ("auto", "none"):
