@@ -12,10 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
-# Round 2 (from session 8): the data job's shards committed by then plus the shared 5,516 answers, 3.0M
-# response tokens. A fixed list, not a glob: the features are indexed by example, so the data must not grow.
-ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/regen/b-20261202-0.jsonl.gz
-  data/regen/b-20261202-1.jsonl.gz ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl"
+# Round 2 (from session 8): the data job's shards committed by the end of session 8, then the shared file; one
+# record per prompt is kept, 16,740 records, 2.77M response tokens. A fixed list, not a glob: the features are
+# indexed by example, so the data must not grow under them.
+ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/regen/a-20261202-2.jsonl.gz
+  data/regen/b-20261202-0.jsonl.gz data/regen/b-20261202-1.jsonl.gz data/regen/b-20261202-2.jsonl.gz
+  ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl"
 DATA="${DATA:-$ROUND2_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder.
