@@ -27,6 +27,12 @@ _PROCESSOR_FIELDS = (
 )
 
 
+def stop_tail(stops: list[str]) -> int:
+    """How many trailing tokens to decode to see every stop text an answer may end with: each token decodes to
+    at least one character. Shared by both decoders (`regen.StopTexts` for `generate`)."""
+    return max(len(stop) for stop in stops) + 1
+
+
 def needs_generate(generation_config: GenerationConfig) -> list[str]:
     """The fields of `generation_config` that only `generate` honours (empty: `decode_shrinking` is exact)."""
     default = GenerationConfig()
@@ -43,7 +49,7 @@ def decode_shrinking(
     input_ids, attention_mask: [batch, width] on the model's device, padding on the left.
     """
     eos = torch.tensor(sorted(set(eos_ids)), device=input_ids.device)
-    tail = max(len(text) for text in stop) + 1 if stop else 0  # tokens: each decodes to at least one character
+    tail = stop_tail(stop) if stop else 0
     responses: list[list[int]] = [[] for _ in range(input_ids.shape[0])]
     finished = [False] * input_ids.shape[0]
     live = torch.arange(input_ids.shape[0], device=input_ids.device)  # batch row -> original row

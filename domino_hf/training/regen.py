@@ -27,7 +27,7 @@ from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import PromptSet, add_chat_template_argument, read_prompts, resolve_chat_template
 from ..targets import load_target
 from ..utils import require_paths
-from .batch_decode import decode_shrinking, needs_generate
+from .batch_decode import decode_shrinking, needs_generate, stop_tail
 from .turns import TURN_CHOICES, Answered, TurnPlan, TurnPrompt
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class StopTexts(StoppingCriteria):
 
     def __init__(self, tokenizer: Any, stops: list[str], width: int):
         self.tokenizer, self.stops, self.width = tokenizer, list(stops), width
-        self.tail = max(len(stop) for stop in self.stops) + 1  # tokens: each decodes to at least one character
+        self.tail = stop_tail(self.stops)
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, **kwargs: Any) -> torch.Tensor:
         start = max(self.width, input_ids.shape[1] - self.tail)
