@@ -29,7 +29,7 @@ def main(data, out, batch_size, steps):
     dataset = RegenDataset.from_jsonl(data)
     settings = TrainSettings(output_dir=out, max_steps=steps, batch_size=batch_size, num_anchors=64,
                              learning_rate=3e-3, save_steps=10_000, logging_steps=1)
-    train_draft(target, draft, dataset, settings)
+    train_draft(target, draft, dataset, settings).accelerator.end_training()  # as `domino train` ends a run
 
 
 if __name__ == "__main__":

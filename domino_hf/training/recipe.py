@@ -157,6 +157,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
             summary = {"log_history": trainer.state.log_history, "examples": len(dataset), "skipped": dataset.skipped,
                        "response_tokens": dataset.num_response_tokens(), "settings": settings.__dict__}
             json.dump(summary, handle, indent=1)
+    trainer.accelerator.wait_for_everyone()  # no process moves on (or exits) before final/ is written
     return trainer
 
 
@@ -359,10 +360,11 @@ def run(args) -> int:
         kl_temperature=args.kl_temperature,
     )
     try:
-        train_draft(target, draft, dataset, settings, tau_probe=probe)
+        trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)
     except (NonFiniteTraining, NonFiniteFeatures) as err:
         logger.error("%s", err)
         return 3
+    trainer.accelerator.end_training()  # trackers, and the process group of a multi-process run
     logger.info("Final draft written to %s", os.path.join(args.out, FINAL))
     return 0
 
