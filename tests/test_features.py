@@ -149,3 +149,30 @@ def test_resuming_with_another_store_names_the_stored_one(target, tmp_path):
                            output_hidden_states=[1, 3])
     reference = torch.cat([out.hidden_states[1], out.hidden_states[3]], dim=-1)[0]
     assert torch.allclose(store.get(0, length), reference, rtol=1e-3, atol=1e-3)
+
+
+def test_processes_split_the_shards_into_the_folder_one_process_writes(target, tmp_path, monkeypatch):
+    import domino_hf.targets
+    from domino_hf.cli import main
+
+    dataset = _dataset(tmp_path / "data.jsonl", target)
+    extract_features(target, dataset, [0, 2], tmp_path / "one", shard_size=2, kl_topk=4)
+    extract_features(target, dataset, [0, 2], tmp_path / "two", shard_size=2, kl_topk=4, process=(1, 2))
+    second = sorted(p.name for p in (tmp_path / "two").glob("shard-*"))
+    assert second == [f"shard-{s:07d}.safetensors" for s in range(2, len(dataset), 4)]  # only its own shards
+    assert FeatureStore(tmp_path / "two").available() == 0  # shard 0 is the other process's
+    extract_features(target, dataset, [0, 2], tmp_path / "two", shard_size=2, kl_topk=4, process=(0, 2))
+    one, two = FeatureStore(tmp_path / "one"), FeatureStore(tmp_path / "two")
+    assert two.available() == len(dataset) and one.meta == two.meta
+    for i, example in enumerate(dataset.examples):
+        length = len(example.prompt_ids) + len(example.response_ids)
+        assert torch.equal(one.get(i, length), two.get(i, length))
+        assert all(torch.equal(a, b) for a, b in zip(one.get_topk(i, len(example.prompt_ids), length, 4),
+                                                     two.get_topk(i, len(example.prompt_ids), length, 4)))
+    with pytest.raises(ValueError, match="process index 2 is not in 0 … 1"):
+        extract_features(target, dataset, [0, 2], tmp_path / "two", process=(2, 2))
+    monkeypatch.setenv("WORLD_SIZE", "3")  # as torchrun sets them: the CLI's defaults
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
+    assert main(["features", "--target", "tiny", "--data", str(tmp_path / "data.jsonl"), "--out",
+                 str(tmp_path / "three")]) == 2

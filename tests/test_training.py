@@ -336,3 +336,22 @@ def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):
             losses.append(float(trainer.compute_loss(trainer.model, batch)))
     assert seen == [False, True]  # the objective's base logits went through the drafting head, bias and all
     assert abs(losses[0] - losses[1]) > 1e-3
+
+
+def test_cli_bf16_trains_in_mixed_precision_on_the_cpu(target, tmp_path, monkeypatch):
+    import domino_hf.targets
+    from domino_hf.cli import main
+
+    data = write_regen(tmp_path / "d.jsonl", target, count=8)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    argv = ["train", "--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4",
+            "--num-anchors", "4", "--max-steps", "3", "--save-steps", "3", "--out", str(tmp_path / "run")]
+    assert main([*argv, "--bf16"]) == 0
+    args = torch.load(tmp_path / "run" / "checkpoint-3" / "training_args.bin", weights_only=False)
+    assert args.bf16 and args.use_cpu  # autocast on the CPU; the weights stay fp32
+    weights = load_file(tmp_path / "run" / "final" / "model.safetensors")
+    assert all(t.dtype == torch.float32 and bool(torch.isfinite(t).all()) for t in weights.values())
+    summary = json.loads((tmp_path / "run" / "final" / "training_summary.json").read_text())
+    assert summary["settings"]["bf16"] is True
+    assert main([*argv[:-1], str(tmp_path / "plain")]) == 0  # default on a CPU: off
+    assert not torch.load(tmp_path / "plain" / "checkpoint-3" / "training_args.bin", weights_only=False).bf16

@@ -98,15 +98,22 @@ def encode_topk(target, final_hidden: torch.Tensor, k: int, where: str) -> dict[
 
 @torch.no_grad()
 def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, batch_size: int = 8,
-                     store: str = "bfloat16", draft_config=None, kl_topk: int = 0):
+                     store: str = "bfloat16", draft_config=None, kl_topk: int = 0, process: tuple[int, int] = (0, 1)):
     """Write the context features of every example of `dataset` under `out_dir` (resumable), stored as `store`
     (one of `STORES`), with the target's top-`kl_topk` next tokens per response position when > 0, and
     `draft_config` (a `DominoConfig`, optional) beside them. Raises `NonFiniteFeatures` before writing a shard
-    that would hold inf/NaN."""
+    that would hold inf/NaN.
+
+    `process` = (index, count) splits the work between `count` processes writing the same folder (several
+    cores or GPUs): this one extracts shards `index`, `index + count`, …; each shard is written whole by one
+    process, so the folder is the same as a single process's, and any split resumes any other."""
     if store not in STORES:
         raise ValueError(f"unknown feature storage {store!r}: choose one of {', '.join(STORES)}")
     if kl_topk < 0:
         raise ValueError(f"--kl-topk must be >= 0 (got {kl_topk})")
+    index, count = process
+    if not 0 <= index < count:
+        raise ValueError(f"process index {index} is not in 0 … {count - 1} (--process-index, --num-processes)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
@@ -121,14 +128,16 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         if previous != meta:
             raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
     else:
-        meta_path.write_text(json.dumps(meta, indent=1))
+        _write_atomically(meta_path, json.dumps(meta, indent=1), f".{index}")  # processes may start together
     if draft_config is not None:
-        draft_config.to_json_file(out / CONFIG)
-    starts = [s for s in range(0, len(dataset), shard_size) if not (out / f"shard-{s:07d}.safetensors").exists()]
-    tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples)
-    bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True)
+        _write_atomically(out / CONFIG, draft_config.to_json_string(), f".{index}")
+    mine = range(index * shard_size, len(dataset), count * shard_size)
+    starts = [s for s in mine if not (out / f"shard-{s:07d}.safetensors").exists()]
+    tokens = sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
+                 if (i // shard_size) % count == index)
+    bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True, position=index)
     bar.update(sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
-                   if (i // shard_size) * shard_size not in starts))
+                   if (i // shard_size) % count == index and (i // shard_size) * shard_size not in starts))
     for start in starts:
         tensors = {}
         indices = list(range(start, min(start + shard_size, len(dataset))))
@@ -160,8 +169,18 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         save_file(tensors, str(tmp))
         os.replace(tmp, out / f"shard-{start:07d}.safetensors")
     bar.close()
-    logger.info("Context features of %d examples in %s", len(dataset), out)
+    if count == 1:
+        logger.info("Context features of %d examples in %s", len(dataset), out)
+    else:
+        logger.info("Context features of process %d of %d in %s (%d of %d examples on disk)", index, count, out,
+                    FeatureStore(out).available(), len(dataset))
     return out
+
+
+def _write_atomically(path: Path, text: str, suffix: str) -> None:
+    tmp = path.with_name(f".{path.name}{suffix}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 class FeatureStore:
@@ -288,6 +307,14 @@ def register(subparsers) -> None:
     parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
                         "bf16 (default: %(default)s).")
+    parser.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int,
+                        default=int(os.environ.get("WORLD_SIZE", 1)),
+                        help="Split the shards between this many processes writing the same --out, each started "
+                        "with its own --process-index (default: $WORLD_SIZE as set by torchrun or accelerate "
+                        "launch, else 1).")
+    parser.add_argument("--process-index", "--process_index", dest="process_index", type=int,
+                        default=int(os.environ.get("RANK", 0)),
+                        help="This process's share: shards index, index + N, … (default: $RANK, else 0).")
     add_draft_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -298,6 +325,10 @@ def run(args) -> int:
     from .dataset import load_training_data
     from .recipe import config_from_args
 
+    if not 0 <= args.process_index < args.num_processes:
+        logger.error("--process-index %d is not in 0 … %d (--num-processes %d)", args.process_index,
+                     args.num_processes - 1, args.num_processes)
+        return 2
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config)
         target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=target_device(args),
@@ -312,7 +343,8 @@ def run(args) -> int:
     config = config_from_args(args, target, tokenizer, dataset)
     try:
         extract_features(target, dataset, config.target_layer_ids, args.out, shard_size=args.shard_size,
-                         batch_size=args.batch_size, store=args.store, draft_config=config, kl_topk=args.kl_topk)
+                         batch_size=args.batch_size, store=args.store, draft_config=config, kl_topk=args.kl_topk,
+                         process=(args.process_index, args.num_processes))
     except (NonFiniteFeatures, ValueError) as err:
         logger.error("%s", err)
         return 2

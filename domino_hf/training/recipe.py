@@ -307,6 +307,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="Log losses/accuracies/throughput every N steps.",
     )
     run_group.add_argument(
+        "--bf16", action=argparse.BooleanOptionalAction, default=None,
+        help="bf16 mixed precision (fp32 master weights). Default: on with a GPU that supports it; on a CPU with "
+             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/training.md).",
+    )
+    run_group.add_argument(
         "--report-to", "--report_to", dest="report_to", default="none",
         help="Trainer integrations: none, tensorboard, wandb, …",
     )
@@ -357,7 +362,7 @@ def run(args) -> int:
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
         seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
-        kl_temperature=args.kl_temperature,
+        kl_temperature=args.kl_temperature, bf16=args.bf16,
     )
     try:
         trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)
