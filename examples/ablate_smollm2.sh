@@ -24,11 +24,13 @@ KL_TOPK="${KL_TOPK:-32}"
 FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
 OUT="${OUT:-$CACHE/ablations-round2}"
 STEPS="${STEPS:-3000}"
+SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
+PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
 ARMS="${ARMS:-base init_target kl block8 layers3 gamma_wide}"
 KL_FEATURES="${KL_FEATURES:-$FEATURES}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
-EVAL_PROMPTS="${EVAL_PROMPTS:-4}"   # per set
-EVAL_TOKENS="${EVAL_TOKENS:-64}"
+EVAL_PROMPTS="${EVAL_PROMPTS:-8}"   # per set
+EVAL_TOKENS="${EVAL_TOKENS:-96}"
 
 arm_options() {  # the lever each arm changes; everything else is the shipped recipe
   case "$1" in
@@ -66,11 +68,12 @@ for arm in $ARMS; do
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
     /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features $(arm_options "$arm") \
-      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 \
-      --save-steps 100 --logging-steps 50 --seed 0 --resume
+      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 "$PRECISION" \
+      --save-steps "$SAVE_STEPS" --logging-steps 50 --seed 0 --resume \
+      --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi
   if [ ! -f "$run/eval/heldout.json" ]; then
-    domino bench --target smollm2 --draft "$run/final" --methods autoregressive,domino_no_lookup,dflash \
+    domino bench --target smollm2 --draft "$run/final" --methods autoregressive,domino_no_lookup,dflash,domino \
       --prompts "$EVAL_SETS" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
       --no-plots --no-progress --overwrite_output_dir
   fi

@@ -151,7 +151,7 @@ def test_resuming_with_another_store_names_the_stored_one(target, tmp_path):
     assert torch.allclose(store.get(0, length), reference, rtol=1e-3, atol=1e-3)
 
 
-def test_processes_split_the_shards_into_the_folder_one_process_writes(target, tmp_path, monkeypatch):
+def test_processes_split_the_shards_into_the_folder_one_process_writes(target, tmp_path, monkeypatch, caplog):
     import domino_hf.targets
     from domino_hf.cli import main
 
@@ -161,7 +161,9 @@ def test_processes_split_the_shards_into_the_folder_one_process_writes(target, t
     second = sorted(p.name for p in (tmp_path / "two").glob("shard-*"))
     assert second == [f"shard-{s:07d}.safetensors" for s in range(2, len(dataset), 4)]  # only its own shards
     assert FeatureStore(tmp_path / "two").available() == 0  # shard 0 is the other process's
+    caplog.set_level(logging.INFO, logger="domino_hf")
     extract_features(target, dataset, [0, 2], tmp_path / "two", shard_size=2, kl_topk=4, process=(0, 2))
+    assert "process 0 of 2" in caplog.text and f"({len(dataset)} of {len(dataset)} examples on disk)" in caplog.text
     one, two = FeatureStore(tmp_path / "one"), FeatureStore(tmp_path / "two")
     assert two.available() == len(dataset) and one.meta == two.meta
     for i, example in enumerate(dataset.examples):

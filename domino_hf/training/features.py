@@ -104,16 +104,16 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     `draft_config` (a `DominoConfig`, optional) beside them. Raises `NonFiniteFeatures` before writing a shard
     that would hold inf/NaN.
 
-    `process` = (index, count) splits the work between `count` processes writing the same folder (several
-    cores or GPUs): this one extracts shards `index`, `index + count`, …; each shard is written whole by one
+    `process` = (rank, count) splits the work between `count` processes writing the same folder (several
+    cores or GPUs): this one extracts shards `rank`, `rank + count`, …; each shard is written whole by one
     process, so the folder is the same as a single process's, and any split resumes any other."""
     if store not in STORES:
         raise ValueError(f"unknown feature storage {store!r}: choose one of {', '.join(STORES)}")
     if kl_topk < 0:
         raise ValueError(f"--kl-topk must be >= 0 (got {kl_topk})")
-    index, count = process
-    if not 0 <= index < count:
-        raise ValueError(f"process index {index} is not in 0 … {count - 1} (--process-index, --num-processes)")
+    rank, count = process
+    if not 0 <= rank < count:
+        raise ValueError(f"process index {rank} is not in 0 … {count - 1} (--process-index, --num-processes)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
@@ -128,16 +128,16 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         if previous != meta:
             raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
     else:
-        _write_atomically(meta_path, json.dumps(meta, indent=1), f".{index}")  # processes may start together
+        _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")  # processes may start together
     if draft_config is not None:
-        _write_atomically(out / CONFIG, draft_config.to_json_string(), f".{index}")
-    mine = range(index * shard_size, len(dataset), count * shard_size)
+        _write_atomically(out / CONFIG, draft_config.to_json_string(), f".{rank}")
+    mine = range(rank * shard_size, len(dataset), count * shard_size)
     starts = [s for s in mine if not (out / f"shard-{s:07d}.safetensors").exists()]
     tokens = sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
-                 if (i // shard_size) % count == index)
-    bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True, position=index)
+                 if (i // shard_size) % count == rank)
+    bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True, position=rank)
     bar.update(sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
-                   if (i // shard_size) % count == index and (i // shard_size) * shard_size not in starts))
+                   if (i // shard_size) % count == rank and (i // shard_size) * shard_size not in starts))
     for start in starts:
         tensors = {}
         indices = list(range(start, min(start + shard_size, len(dataset))))
@@ -172,7 +172,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     if count == 1:
         logger.info("Context features of %d examples in %s", len(dataset), out)
     else:
-        logger.info("Context features of process %d of %d in %s (%d of %d examples on disk)", index, count, out,
+        logger.info("Context features of process %d of %d in %s (%d of %d examples on disk)", rank, count, out,
                     FeatureStore(out).available(), len(dataset))
     return out
 
