@@ -26,6 +26,7 @@ OUT="${OUT:-$CACHE/ablations-round2}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
 PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
+GROUPING="${GROUPING:---group-by-length}"  # batches of similar lengths: random ones pad this data to 2x its tokens
 ARMS="${ARMS:-base init_target kl block8 layers3 gamma_wide}"
 KL_FEATURES="${KL_FEATURES:-$FEATURES}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
@@ -68,7 +69,7 @@ for arm in $ARMS; do
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
     /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features $(arm_options "$arm") \
-      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 "$PRECISION" \
+      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 "$PRECISION" "$GROUPING" \
       --save-steps "$SAVE_STEPS" --logging-steps 50 --seed 0 --resume \
       --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi

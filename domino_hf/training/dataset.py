@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, Sampler
+from transformers.trainer_pt_utils import get_length_grouped_indices
 
 from ..data import open_text
 from ..modeling.target_domino import draft_vocab_map
@@ -116,6 +117,30 @@ class RegenDataset(Dataset):
 
     def num_response_tokens(self) -> int:
         return sum(len(e.response_ids) for e in self.examples)
+
+    def lengths(self) -> list[int]:
+        """Tokens each example trains on (prompt + response, at most `max_length`), for length-grouped batches."""
+        return [min(len(e.prompt_ids) + len(e.response_ids), self.max_length) for e in self.examples]
+
+
+class LengthGroupedEpochSampler(Sampler):
+    """transformers' length grouping (random mega-batches of 50 batches, each sorted by length, so that a batch
+    pads to about its own examples' length), with the order drawn from (seed, epoch) alone: the same in every
+    process and after a resume, like the anchors. Why: a random batch of SmolLM2's round-2 data pads to 2.0×
+    its tokens (docs/training.md)."""
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int = 0):
+        self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:  # called by accelerate's data loader at each epoch
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
 
 
 def _parse_line(line: str, vocab_size: int | None) -> RegenExample | None:

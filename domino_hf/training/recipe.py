@@ -57,6 +57,7 @@ class TrainSettings:
     report_to: str = "none"
     resume: bool | str = False  # True: the newest complete checkpoint in output_dir; a str: that checkpoint
     bf16: bool | None = None  # None: on when a GPU supports it
+    group_by_length: bool = False  # batches of similar lengths (LengthGroupedEpochSampler): less padding
 
 
 def init_from_target_layers(draft: DominoDraftModel, target) -> int:
@@ -128,6 +129,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         data_seed=settings.seed,
         report_to=settings.report_to,
         remove_unused_columns=False,
+        train_sampling_strategy="group_by_length" if settings.group_by_length else "random",
         dataloader_num_workers=0,
         bf16=bf16,
         use_cpu=not on_gpu,
@@ -288,6 +290,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="With --loss kl: both distributions at temperature T, the loss scaled by T².",
     )
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
+    recipe.add_argument(
+        "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
+        help="Batch examples of similar length (transformers' grouping, ordered by seed and epoch): far less "
+             "padding on data of mixed lengths (1.2x a step on SmolLM2's round-2 data, docs/training.md).",
+    )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
         "--resume", action="store_const", const=True, default=False,
@@ -362,7 +369,7 @@ def run(args) -> int:
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
         seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
-        kl_temperature=args.kl_temperature, bf16=args.bf16,
+        kl_temperature=args.kl_temperature, bf16=args.bf16, group_by_length=args.group_by_length,
     )
     try:
         trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)

@@ -21,6 +21,7 @@ from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
 from ..modeling.target_domino import draft_label_positions, target_features
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
+from .dataset import LengthGroupedEpochSampler, RegenDataset
 from .distill import DEFAULT_TOPK, block_soft_labels, topk_at
 from .objective import curriculum_lambda
 
@@ -62,6 +63,15 @@ class DominoTrainer(Trainer):
         self._metric_count = 0
         self._tokens = 0
         self._window_start = time.perf_counter()
+
+    def _get_train_sampler(self, train_dataset=None):
+        """`train_sampling_strategy="group_by_length"` from the examples' token counts (Trainer would load every
+        example, features included, to count them), ordered by (data seed, epoch)."""
+        dataset = self.train_dataset if train_dataset is None else train_dataset
+        if self.args.train_sampling_strategy == "group_by_length" and isinstance(dataset, RegenDataset):
+            batch = self.args.train_batch_size * self.args.gradient_accumulation_steps
+            return LengthGroupedEpochSampler(dataset.lengths(), batch, seed=self.args.data_seed or 0)
+        return super()._get_train_sampler(train_dataset)
 
     @torch.no_grad()
     def _target_inputs(self, inputs):
