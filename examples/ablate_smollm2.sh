@@ -33,20 +33,24 @@ EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
 EVAL_PROMPTS="${EVAL_PROMPTS:-8}"   # per set
 EVAL_TOKENS="${EVAL_TOKENS:-96}"
 
+SHIPPED=drafts/smollm2-135m-instruct-domino
 arm_options() {  # the lever each arm changes; everything else is the shipped recipe
   case "$1" in
-    base) echo "--block-size 4 --num-layers 2 --init random" ;;
-    block8) echo "--block-size 8 --num-layers 2 --init random" ;;
-    init_target) echo "--block-size 4 --num-layers 2 --init target-layers" ;;
-    layers3) echo "--block-size 4 --num-layers 3 --init random" ;;
-    gamma_wide) echo "--block-size 4 --num-layers 2 --init random --gamma 8" ;;
-    kl) echo "--block-size 4 --num-layers 2 --init random --loss kl --kl-topk $KL_TOPK" ;;
+    base) echo "--block-size 4 --num-layers 2 --init random --lr 1e-3" ;;
+    block8) echo "--block-size 8 --num-layers 2 --init random --lr 1e-3" ;;
+    init_target) echo "--block-size 4 --num-layers 2 --init target-layers --lr 1e-3" ;;
+    layers3) echo "--block-size 4 --num-layers 3 --init random --lr 1e-3" ;;
+    gamma_wide) echo "--block-size 4 --num-layers 2 --init random --gamma 8 --lr 1e-3" ;;
+    kl) echo "--block-size 4 --num-layers 2 --init random --loss kl --kl-topk $KL_TOPK --lr 1e-3" ;;
+    # training in rounds: continue the shipped draft (its config and sub-vocabulary) on this round's data
+    warm) echo "--init from:$SHIPPED --lr 3e-4" ;;
+    warm_kl) echo "--init from:$SHIPPED --loss kl --kl-topk $KL_TOPK --lr 3e-4" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
 
-features_for() {  # the --features option of an arm: the kl arm reads the target's top-K too
-  if [ "$1" != kl ]; then echo "--features $FEATURES"; return; fi
+features_for() {  # the --features option of an arm: the kl arms read the target's top-K too
+  case "$1" in kl|warm_kl) ;; *) echo "--features $FEATURES"; return ;; esac
   if [ "$KL_FEATURES" = none ]; then return; fi
   if [ "$KL_FEATURES" != "$FEATURES" ]; then
     # shellcheck disable=SC2086
@@ -69,7 +73,7 @@ for arm in $ARMS; do
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
     /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features $(arm_options "$arm") \
-      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 --lr 1e-3 "$PRECISION" "$GROUPING" \
+      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 "$PRECISION" "$GROUPING" \
       --save-steps "$SAVE_STEPS" --logging-steps 50 --seed 0 --resume \
       --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi
