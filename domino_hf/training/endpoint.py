@@ -116,19 +116,26 @@ class EndpointClient:
         raise AssertionError("unreachable")
 
     def _send(self, method: str, path: str, payload: bytes | None) -> tuple[int, Any, bytes]:
+        """One request on this thread's keep-alive connection. A kept connection the server closed while idle
+        (uvicorn does after 5 s) fails before any reply: it is reopened once and the request sent again, as
+        urllib3 does, without counting as a retry; a fresh connection's failure is raised."""
         conn = getattr(self._local, "conn", None)
-        if conn is None:
-            cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
-            conn = self._local.conn = cls(self._host, self._port, timeout=self.timeout)
-        try:
-            conn.request(method, path, body=payload, headers=self._headers)
-            response = conn.getresponse()
-            data = response.read()
-        except BaseException:
-            conn.close()  # a fresh connection for the retry
-            self._local.conn = None
-            raise
-        return response.status, response.headers, data
+        for fresh in (False, True) if conn is not None else (True,):
+            if fresh:
+                cls = http.client.HTTPSConnection if self._scheme == "https" else http.client.HTTPConnection
+                conn = self._local.conn = cls(self._host, self._port, timeout=self.timeout)
+            try:
+                conn.request(method, path, body=payload, headers=self._headers)
+                response = conn.getresponse()
+                return response.status, response.headers, response.read()
+            except BaseException as err:
+                conn.close()  # a fresh connection for the retry
+                self._local.conn = None
+                stale = isinstance(err, (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError))
+                if fresh or not stale:
+                    raise
+                logger.debug("%s %s: the server had closed the kept connection; reconnecting", method, path)
+        raise AssertionError("unreachable")
 
     def _url(self, full_path: str) -> str:
         port = f":{self._port}" if self._port else ""
