@@ -112,8 +112,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     if kl_topk < 0:
         raise ValueError(f"--kl-topk must be >= 0 (got {kl_topk})")
     rank, count = process
-    if not 0 <= rank < count:
-        raise ValueError(f"process index {rank} is not in 0 … {count - 1} (--process-index, --num-processes)")
+    check_process(rank, count)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
@@ -131,13 +130,11 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")  # processes may start together
     if draft_config is not None:
         _write_atomically(out / CONFIG, draft_config.to_json_string(), f".{rank}")
-    mine = range(rank * shard_size, len(dataset), count * shard_size)
-    starts = [s for s in mine if not (out / f"shard-{s:07d}.safetensors").exists()]
-    tokens = sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
-                 if (i // shard_size) % count == rank)
-    bar = tqdm(total=tokens, unit="tok", desc="context features", dynamic_ncols=True, position=rank)
-    bar.update(sum(len(e.prompt_ids) + len(e.response_ids) for i, e in enumerate(dataset.examples)
-                   if (i // shard_size) % count == rank and (i // shard_size) * shard_size not in starts))
+    tokens = {s: sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples[s : s + shard_size])
+              for s in range(rank * shard_size, len(dataset), count * shard_size)}  # this process's shards
+    starts = [s for s in tokens if not (out / f"shard-{s:07d}.safetensors").exists()]
+    bar = tqdm(total=sum(tokens.values()), unit="tok", desc="context features", dynamic_ncols=True, position=rank)
+    bar.update(sum(tokens.values()) - sum(tokens[s] for s in starts))
     for start in starts:
         tensors = {}
         indices = list(range(start, min(start + shard_size, len(dataset))))
@@ -175,6 +172,12 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         logger.info("Context features of process %d of %d in %s (%d of %d examples on disk)", rank, count, out,
                     FeatureStore(out).available(), len(dataset))
     return out
+
+
+def check_process(rank: int, count: int) -> None:
+    """Raise a ValueError unless `rank` is a process index of `count` processes."""
+    if not 0 <= rank < count:
+        raise ValueError(f"process index {rank} is not in 0 … {count - 1} (--process-index, --num-processes)")
 
 
 def _write_atomically(path: Path, text: str, suffix: str) -> None:
@@ -325,11 +328,8 @@ def run(args) -> int:
     from .dataset import load_training_data
     from .recipe import config_from_args
 
-    if not 0 <= args.process_index < args.num_processes:
-        logger.error("--process-index %d is not in 0 … %d (--num-processes %d)", args.process_index,
-                     args.num_processes - 1, args.num_processes)
-        return 2
-    try:  # missing inputs fail before the (slower) target load
+    try:  # bad options and missing inputs fail before the (slower) target load
+        check_process(args.process_index, args.num_processes)
         require_paths(data=args.data, config=args.config)
         target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=target_device(args),
                                         **target_kwargs(args))
