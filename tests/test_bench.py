@@ -288,6 +288,12 @@ def test_cli_help_and_defaults():
         _parse(["--help"])
 
 
+@pytest.mark.parametrize("value, expected", [("1", 1), ("3", 3), ("", None), ("0", None), ("two", None)])
+def test_default_threads_follow_omp_num_threads(monkeypatch, value, expected):
+    monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert bench_cli.default_threads() == (expected or bench_cli.cpu_cores())
+
+
 def test_cli_missing_default_draft_is_a_clear_error(monkeypatch, tmp_path, caplog):
     monkeypatch.setattr(bench_cli, "project_root", lambda: tmp_path)
     with caplog.at_level(logging.ERROR):

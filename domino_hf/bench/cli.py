@@ -182,7 +182,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         type=int,
         default=None,
-        help="torch intra-op threads, recorded in the JSON config (default: the CPU cores this process may use). "
+        help="torch intra-op threads, recorded in the JSON config (default: $OMP_NUM_THREADS when set, else the CPU "
+        "cores this process may use). "
         "On a machine shared with other jobs, fewer threads than cores gives steadier timings",
     )
     run.add_argument(
@@ -382,6 +383,15 @@ def cpu_cores() -> int:
         return os.cpu_count() or 1
 
 
+def default_threads() -> int:
+    """$OMP_NUM_THREADS when it is a positive integer (what torch itself obeys: two benchmarks started with
+    OMP_NUM_THREADS=1 on a 2-core machine must not each spin two threads), else `cpu_cores()`."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return cpu_cores()
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
@@ -403,7 +413,7 @@ def _run(args: argparse.Namespace) -> int:
     draft_name = resolve_draft(args.draft) if needs_draft else None
     stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
     refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
-    threads = args.threads or cpu_cores()  # after the argument checks: a usage error changes nothing
+    threads = args.threads or default_threads()  # after the argument checks: a usage error changes nothing
     torch.set_num_threads(threads)
     if args.dtype != "float32" and args.temperature <= 0:
         logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
