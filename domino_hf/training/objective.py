@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..modeling.target_domino import block_position_ids, draft_slots
+from ..modeling.target_domino import block_position_ids, draft_label_positions, draft_slots, target_features
 from .distill import LOSSES, SoftLabels
 
 
@@ -48,6 +48,38 @@ def block_attention_mask(anchors: torch.Tensor, seq_len: int, block_size: int) -
     return torch.cat([context, same_block], dim=-1)[:, None]
 
 
+@torch.no_grad()
+def draft_inputs(target, target_head, config, input_ids, attention_mask, anchors, context_hidden=None):
+    """What the objective reads besides the labels, from the frozen target (or its cached `context_hidden`).
+
+    Returns `(context_hidden, final_hidden, block_embeds, label_embeds, positions)`: (b, L, n_layers·H) context
+    features; (b, L, H) the target's final hidden states, None when the features were cached; (b, A·B, H)
+    embeddings of every block `[x_a, MASK…]`; (b, A, n, H) embeddings of [x_a … x_{a+n-1}] for the GRU, None
+    without a Domino head; (b, A, n) those positions, where the target's next-token distributions are the
+    soft labels of `loss="kl"`."""
+    b, num_anchors = anchors.shape
+    positions = draft_label_positions(anchors, config.num_draft_tokens).clamp_max(input_ids.shape[1] - 1)
+    final_hidden = None
+    if context_hidden is None:
+        context_hidden, final_hidden = target_features(target, input_ids, attention_mask, config.target_layer_ids)
+    context_hidden = context_hidden.to(target_head.weight.dtype)
+    block_embeds = target_head.block_embeds(input_ids.gather(1, anchors))  # (b, A, B, H)
+    block_embeds = block_embeds.reshape(b, num_anchors * config.block_size, -1)
+    label_embeds = None
+    if config.use_domino_head:
+        label_embeds = target_head.embed(input_ids.gather(1, positions.reshape(b, -1)))
+        label_embeds = label_embeds.reshape(b, num_anchors, config.num_draft_tokens, -1)
+    return context_hidden, final_hidden, block_embeds, label_embeds, positions
+
+
+def accepted_runs(final_logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """(b, A, n, V') teacher-forced logits and (b, A, n) labels -> (b, A) the leading run of correct drafts per
+    block: what greedy verification accepts at that anchor (the bonus token not counted). Training logs
+    `sim_tau` = its mean over anchors + 1, which overstates decoding's τ (`teacher_forced.py` says why)."""
+    hit = (final_logits.argmax(-1) == labels) & (labels != -100)
+    return torch.cumprod(hit.long(), dim=-1).sum(-1)
+
+
 class DominoObjective(nn.Module):
     """Wraps the draft so that one `forward` returns the loss (what DDP/FSDP wrap and what Trainer saves).
 
@@ -69,6 +101,31 @@ class DominoObjective(nn.Module):
         self.loss = loss
         self.kl_temperature = kl_temperature
         self.register_buffer("weights", position_weights(draft.config.num_draft_tokens, gamma), persistent=False)
+
+    def logits(self, context_hidden, block_embeds, label_embeds, anchors, target_head):
+        """(base, final) draft logits over the draft vocabulary, each (b, A, n, V') float32: the backbone's slots
+        through the target's LM-head rows, then (with a Domino head and `label_embeds`) plus the teacher-forced
+        correction; without them `final` is `base`. Arguments as in `forward`."""
+        config = self.draft.config
+        b, seq_len, _ = context_hidden.shape
+        num_anchors = anchors.shape[1]
+        block, n = config.block_size, config.num_draft_tokens
+        positions = block_position_ids(anchors, block).reshape(b, -1)  # (b, A·B)
+        hidden = self.draft(
+            block_embeds=block_embeds,
+            block_position_ids=positions,
+            target_hidden_states=context_hidden,
+            context_position_ids=torch.arange(seq_len, device=anchors.device)[None].expand(b, -1),
+            attention_mask=block_attention_mask(anchors, seq_len, block),
+        ).last_hidden_state  # (b, A·B, H)
+        slots = draft_slots(hidden.view(b, num_anchors, block, -1), config)  # (b, A, n, H)
+        base_logits = target_head.logits(slots)  # (b, A, n, V') float32
+        if not (self.draft.has_domino_head and label_embeds is not None):
+            return base_logits, base_logits
+        states = self.draft.causal_states(label_embeds.reshape(b * num_anchors, n, -1))  # (b·A, n, Hg)
+        correction = self.draft.correction(slots, states.view(b, num_anchors, n, -1)).float()
+        keep = (torch.arange(n, device=slots.device) >= config.pure_draft_prefix_len).to(correction.dtype)[:, None]
+        return base_logits, base_logits + correction * keep
 
     def forward(
         self,
@@ -95,27 +152,7 @@ class DominoObjective(nn.Module):
             target_topk: with `loss="kl"`, (b, A, n, K) target ids of the target's K most probable next tokens
                 at position a+j and (b, A, n, K) their log-probs (-inf = no entry), from `distill.py`.
         """
-        config = self.draft.config
-        b, seq_len, _ = context_hidden.shape
-        num_anchors = anchors.shape[1]
-        block, n = config.block_size, config.num_draft_tokens
-        positions = block_position_ids(anchors, block).reshape(b, -1)  # (b, A·B)
-        hidden = self.draft(
-            block_embeds=block_embeds,
-            block_position_ids=positions,
-            target_hidden_states=context_hidden,
-            context_position_ids=torch.arange(seq_len, device=anchors.device)[None].expand(b, -1),
-            attention_mask=block_attention_mask(anchors, seq_len, block),
-        ).last_hidden_state  # (b, A·B, H)
-        slots = draft_slots(hidden.view(b, num_anchors, block, -1), config)  # (b, A, n, H)
-        base_logits = target_head.logits(slots)  # (b, A, n, V') float32
-        final_logits = base_logits
-        if self.draft.has_domino_head and label_embeds is not None:
-            states = self.draft.causal_states(label_embeds.reshape(b * num_anchors, n, -1))  # (b·A, n, Hg)
-            correction = self.draft.correction(slots, states.view(b, num_anchors, n, -1)).float()
-            prefix = config.pure_draft_prefix_len
-            keep = (torch.arange(n, device=slots.device) >= prefix).to(correction.dtype)[:, None]
-            final_logits = base_logits + correction * keep
+        base_logits, final_logits = self.logits(context_hidden, block_embeds, label_embeds, anchors, target_head)
 
         if self.loss == "kl":
             if target_topk is None:
@@ -132,7 +169,7 @@ class DominoObjective(nn.Module):
             def slot_loss(logits):  # (b, A, n)
                 ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), safe.reshape(-1), reduction="none")
                 return ce.view_as(labels)
-        weight = self.weights.to(slots.device)[None, None, :] * trainable
+        weight = self.weights.to(labels.device)[None, None, :] * trainable
         denom = weight.sum().clamp_min(1e-6)
 
         def weighted(logits):
@@ -146,8 +183,7 @@ class DominoObjective(nn.Module):
             present = labels != -100
             base_hit = (base_logits.argmax(-1) == labels) & present
             final_hit = (final_logits.argmax(-1) == labels) & present
-            # Simulated acceptance: leading run of correct drafts per block (+1 bonus token).
-            run = torch.cumprod(final_hit.long(), dim=-1).sum(-1).float()  # (b, A)
+            run = accepted_runs(final_logits, labels).float()  # (b, A)
             used = present[..., 0]
             metrics = {
                 "base_acc": base_hit.sum() / present.sum().clamp_min(1),

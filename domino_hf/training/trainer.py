@@ -19,11 +19,10 @@ from transformers import Trainer, TrainerCallback
 
 from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
-from ..modeling.target_domino import draft_label_positions, target_features
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .dataset import LengthGroupedEpochSampler, RegenDataset
 from .distill import DEFAULT_TOPK, block_soft_labels, topk_at
-from .objective import curriculum_lambda
+from .objective import curriculum_lambda, draft_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -77,33 +76,20 @@ class DominoTrainer(Trainer):
     def _target_inputs(self, inputs):
         """Context hidden states, the embeddings the draft reads and, for `loss="kl"`, the soft labels
         ((b, A, n, K) target ids and log-probs; else None), all from the frozen target or its cached features."""
-        input_ids, anchors = inputs["input_ids"], inputs["anchors"]
         config = self.model.draft.config  # Trainer keeps `self.model` unwrapped (DDP lives in `model_wrapped`)
-        b, num_anchors = anchors.shape
-        # [x_a … x_{a+n-1}]: what the GRU reads, and where the target's next-token distributions are the labels
-        positions = draft_label_positions(anchors, config.num_draft_tokens).clamp_max(input_ids.shape[1] - 1)
-        soft_labels = self.model.loss == "kl"
+        context_hidden, final_hidden, block_embeds, label_embeds, positions = draft_inputs(
+            self.target, self.target_head, config, inputs["input_ids"], inputs["attention_mask"], inputs["anchors"],
+            context_hidden=inputs.get("context_hidden"),  # cached by `domino features`
+        )
         target_topk = None
-        if "context_hidden" in inputs:  # cached by `domino features`
-            context_hidden = inputs["context_hidden"].to(self.target_head.weight.dtype)
-            if soft_labels:
-                if "target_topk_ids" not in inputs:
-                    raise ValueError("loss='kl' with cached features needs their top-k: extract them again with "
-                                     "`domino features --kl-topk K`, or train without --features.")
-                target_topk = topk_at(inputs["target_topk_ids"], inputs["target_topk_logp"], positions)
-        else:
-            context_hidden, final_hidden = target_features(
-                self.target, input_ids, inputs["attention_mask"], config.target_layer_ids
-            )  # (b, L, n·H), (b, L, H)
-            if soft_labels:
+        if self.model.loss == "kl":
+            if final_hidden is not None:
                 target_topk = block_soft_labels(self.target, final_hidden, positions, self.kl_topk)
-        block_embeds = self.target_head.block_embeds(input_ids.gather(1, anchors))  # (b, A, B, H)
-        block_embeds = block_embeds.reshape(b, num_anchors * config.block_size, -1)
-        label_embeds = None
-        if config.use_domino_head:
-            label_embeds = self.target_head.embed(input_ids.gather(1, positions.reshape(b, -1))).reshape(
-                b, num_anchors, config.num_draft_tokens, -1
-            )
+            elif "target_topk_ids" in inputs:
+                target_topk = topk_at(inputs["target_topk_ids"], inputs["target_topk_logp"], positions)
+            else:
+                raise ValueError("loss='kl' with cached features needs their top-k: extract them again with "
+                                 "`domino features --kl-topk K`, or train without --features.")
         return context_hidden, block_embeds, label_embeds, target_topk
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
