@@ -69,3 +69,20 @@ def test_replay_runs_stay_within_the_answer(fitted_pair):
     assert len(replay.runs) == len(answer) - 1
     assert all(0 <= run <= min(draft.config.num_draft_tokens, len(answer) - 2 - i) for i, run in enumerate(replay.runs))
     assert sum(replay.runs[i] + 1 for i in replay.steps) == len(answer) - 1  # the last step ends on the last token
+
+
+def test_training_probe_reports_decoding_and_replayed_tau(fitted_pair, monkeypatch):
+    """`domino train --probe-prompts`: both τ at each checkpoint; with the lookup off and drafting forced on
+    every step the two agree, since the replay is what decoding does then."""
+    from domino_hf.training.recipe import make_tau_probe
+
+    target, draft, prompts = fitted_pair("llama")
+    probe = make_tau_probe(target, prompts[:3], max_new_tokens=20)
+    draft.train()
+    shipped = probe(draft)
+    assert set(shipped) == {"probe_tau", "probe_replay_tau"} and shipped["probe_replay_tau"] > 1.5
+    assert draft.training  # the probe gives the draft back in training mode
+    draft.config.context_lookup_tokens = 0
+    monkeypatch.setattr(DraftBackoff, "should_draft", lambda self: True)
+    block_only = probe(draft)
+    assert block_only["probe_tau"] == block_only["probe_replay_tau"], block_only

@@ -324,7 +324,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run_group.add_argument(
         "--probe-prompts", default=None,
-        help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them.",
+        help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them "
+             "(probe_tau) and the draft's own τ replayed on those answers (probe_replay_tau).",
     )
     run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
     run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
@@ -359,8 +360,10 @@ def run(args) -> int:
         if args.features:
             dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids),
                                  kl_topk=args.kl_topk if args.loss == "kl" else 0)
-        probe = make_tau_probe(target, tokenizer, args.probe_prompts, args.probe_num, args.probe_max_new_tokens,
-                               args.chat_template) if args.probe_prompts else None
+        probe = None
+        if args.probe_prompts:
+            prompts = probe_prompts(tokenizer, args.probe_prompts, args.probe_num, args.chat_template)
+            probe = make_tau_probe(target, prompts, args.probe_max_new_tokens)
     except (OSError, ImportError, ValueError) as err:  # features of other layers, probe prompts missing
         logger.error("%s", err)
         return 2
@@ -381,25 +384,37 @@ def run(args) -> int:
     return 0
 
 
-def make_tau_probe(target, tokenizer, source, num_prompts, max_new_tokens, chat_template="auto"):
-    """A callable draft -> τ measured by real greedy decoding with the target on held-back prompts."""
+def probe_prompts(tokenizer, source, num_prompts, chat_template="auto") -> list[torch.Tensor]:
+    """The first `num_prompts` prompts of `source`, chat-templated: (1, P) id tensors for `make_tau_probe`."""
     from ..data import chat_input_ids, read_prompts
 
     records = read_prompts(source, limit=num_prompts).records
-    prompts = [torch.tensor([chat_input_ids(tokenizer, r.turns[:1], chat_template=chat_template)]) for r in records]
+    return [torch.tensor([chat_input_ids(tokenizer, r.turns[:1], chat_template=chat_template)]) for r in records]
+
+
+def make_tau_probe(target, prompts: list[torch.Tensor], max_new_tokens: int):
+    """A callable draft -> {"probe_tau", "probe_replay_tau"} on held-back (1, P) `prompts`.
+
+    `probe_tau`: real greedy decoding with the target, as shipped (lookup spans, back-off). `probe_replay_tau`:
+    the draft's own τ, drafting every step (`teacher_forced.py`), replayed on the answers that decoding just
+    produced, which are the target's greedy ones (decoding is lossless): one more forward per prompt. The
+    first moves with the decoding policies, the second only with the draft's weights."""
+    from .teacher_forced import replay_answer
 
     @torch.no_grad()
-    def probe(draft) -> float:
+    def probe(draft) -> dict[str, float]:
         was_training = draft.training
         draft.eval()
-        accepted = []
+        accepted, replayed, replay_steps = [], 0, 0
         for input_ids in prompts:
-            target.generate(
-                input_ids.to(target.device), assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False,
-            )
+            input_ids = input_ids.to(target.device)
+            output = target.generate(input_ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
             accepted += draft.last_generation_stats.accepted
+            replay = replay_answer(draft, target, input_ids[0].tolist(), output[0, input_ids.shape[1]:].tolist())
+            replayed, replay_steps = replayed + len(replay.runs), replay_steps + len(replay.steps)
         draft.train(was_training)
-        return round(acceptance_length(accepted) or 0.0, 4)
+        return {"probe_tau": round(acceptance_length(accepted) or 0.0, 4),
+                "probe_replay_tau": round(replayed / max(1, replay_steps), 4)}
 
     return probe
 

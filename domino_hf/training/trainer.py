@@ -4,7 +4,7 @@ Why `Trainer`: it already brings `accelerate` (1 CPU process → multi-GPU DDP/F
 accumulation, checkpoint/resume with RNG and data position, and logging integrations (TensorBoard, W&B).
 We add: the frozen target (kept outside the trained module, never saved), the curriculum λ, Domino metrics,
 checkpoints that are loadable drafts, a completion marker so a checkpoint killed mid-write is never resumed,
-and an optional real-decoding τ probe on held-back prompts.
+and an optional τ probe on held-back prompts (`recipe.make_tau_probe`).
 """
 
 from __future__ import annotations
@@ -165,4 +165,4 @@ class DominoTrainer(Trainer):
             checkpoint = checkpoint_folder(self._get_output_dir(trial=trial), self.state.global_step)
             mark_complete(checkpoint, self.state.global_step)
             if self.tau_probe is not None:
-                self.log({"probe_tau": self.tau_probe(self.accelerator.unwrap_model(self.model).draft)})
+                self.log(self.tau_probe(self.accelerator.unwrap_model(self.model).draft))
