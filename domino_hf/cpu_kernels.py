@@ -3,7 +3,9 @@
 Why: speculative decoding pays one target forward over k+1 tokens per step. With stock fp32 kernels
 (`nn.Linear` → MKL sgemm) a forward over 2–16 tokens costs 1.3–1.6× a 1-token forward on these CPUs, which
 eats most of what a draft saves. The same GEMMs on oneDNN with the weights reordered once into its blocked
-layout cost about the same for 1 to 8 rows, and a 1-token step is faster too (docs/cpu_kernels.md).
+layout cost about the same for 1 to 8 rows (docs/cpu_kernels.md). Which kernel wins for a 1-token step
+depends on the CPU, so each layer shape keeps the stock kernel for the few-token forwards where it measured
+faster on this one (`calibrate_stock_rows`).
 
 Contract of `optimize_for_cpu(model)`:
 
@@ -30,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import statistics
+import time
 from collections.abc import Iterator
 
 import torch
@@ -39,8 +43,12 @@ from torch import nn
 logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+ROW_CANDIDATES = (1, 2)  # few-token forwards (plain steps); verifies of more tokens stay packed
+COLD_BYTES = 64 * 2**20  # timed weights span more than a CPU cache
+STOCK_MARGIN = 0.9  # stock kernels take a row count only when ≥ 10% faster there: close calls stay packed
 _warned_devices: set[str] = set()
 _dtype_support: dict[torch.dtype, bool] = {}
+_stock_rows: dict[tuple, int] = {}  # (out, in, dtype, threads) -> calibrated `stock_rows`
 
 
 def packable(dtype: torch.dtype) -> bool:
@@ -57,6 +65,56 @@ def packable(dtype: torch.dtype) -> bool:
     return _dtype_support[dtype]
 
 
+def _median_seconds(run, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None) -> int:
+    """The largest forward length (rows, from `ROW_CANDIDATES`) up to which the stock kernel beats the packed
+    one by `STOCK_MARGIN` on this CPU for a weight of this shape and dtype, at the current thread count; 0 when
+    packed wins from 1 row. Timed once per process and shape (interleaved medians, well under a second).
+
+    Why: which GEMM wins for few rows depends on the CPU. On the AVX-512 machines of docs/cpu_kernels.md the
+    packed kernels won from 1 row; on an AMX machine MKL's 1-row path is faster for every layer of SmolLM2
+    (a plain step 58 ms stock, 68 ms packed) while packed still wins at 5 rows for the MLP and LM head."""
+    key = (*weight.shape, weight.dtype, torch.get_num_threads())
+    if key not in _stock_rows:
+        # A decoding step reads each weight from memory, not from cache: time on enough copies to flush it.
+        copies = max(1, min(64, COLD_BYTES // max(1, weight.numel() * weight.element_size())))
+        with torch.no_grad():
+            weights = [weight.detach().clone() for _ in range(copies)]
+            packed_weights = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
+            stock_rows = 0
+            for rows in ROW_CANDIDATES:
+                x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
+                turn = iter(range(10**9))
+
+                def stock(x=x):
+                    return F.linear(x, weights[next(turn) % copies], bias)
+
+                def packed(x=x):
+                    return torch.ops.mkldnn._linear_pointwise(
+                        x, packed_weights[next(turn) % copies], bias, "none", [], "")
+
+                stock(), packed()  # warm-up
+                one = _median_seconds(stock, 3) + _median_seconds(packed, 3)
+                repeats = max(5, min(25, int(0.02 / max(one, 1e-7))))  # ~40 ms per row count at most
+                stock_s, packed_s = [], []
+                for _ in range(3):  # interleaved rounds: a drift of a shared machine hits both
+                    stock_s.append(_median_seconds(stock, repeats))
+                    packed_s.append(_median_seconds(packed, repeats))
+                if statistics.median(stock_s) > STOCK_MARGIN * statistics.median(packed_s):
+                    break
+                stock_rows = rows
+        _stock_rows[key] = stock_rows
+    return _stock_rows[key]
+
+
 def _weight_key(weight: torch.Tensor) -> tuple:
     """What the packed copy was made from: the tensor's storage, in-place version, dtype and device."""
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
@@ -66,11 +124,13 @@ class PackedLinear(nn.Linear):
     """`nn.Linear` whose inference forward runs oneDNN on a pre-packed copy of the weight.
 
     Installed by swapping the class of an existing `nn.Linear` (no new parameters, same state dict); the
-    stock forward runs whenever a gradient is needed or the weight changed since packing.
+    stock forward runs whenever a gradient is needed, and for inputs of at most `stock_rows` rows (tokens),
+    where the stock kernel is the faster one on this CPU (`calibrate_stock_rows`).
     """
 
     _packed_weight: torch.Tensor | None
     _packed_key: tuple | None
+    stock_rows: int = 0
 
     def repack(self) -> None:
         weight = self.weight.detach()
@@ -84,7 +144,7 @@ class PackedLinear(nn.Linear):
         return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self._can_use_packed(x):
+        if x.numel() <= self.stock_rows * x.shape[-1] or not self._can_use_packed(x):
             return F.linear(x, self.weight, self.bias)
         if self._packed_key != _weight_key(self.weight):
             self.repack()
@@ -103,9 +163,11 @@ def _model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
-def optimize_for_cpu(model: nn.Module) -> nn.Module:
+def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Module:
     """Run every plain `nn.Linear` of `model` on pre-packed oneDNN weights; see the module doc.
 
+    `stock_rows`: forwards of at most this many tokens keep the stock kernels (a plain decoding step is one
+    token); None measures it per layer shape on this CPU (`calibrate_stock_rows`), 0 packs every forward.
     Returns `model` (changed in place). Logs how many layers were packed and how many were skipped (layers
     that are `nn.Linear` subclasses such as quantised or adapter layers, or in a dtype other than
     float32/bfloat16).
@@ -124,6 +186,7 @@ def optimize_for_cpu(model: nn.Module) -> nn.Module:
         return model
     packed = already = 0
     skipped: dict[str, int] = {}
+    rows_used: dict[int, int] = {}
     with torch.no_grad():
         for module in model.modules():
             if type(module) is PackedLinear:
@@ -131,6 +194,10 @@ def optimize_for_cpu(model: nn.Module) -> nn.Module:
             elif type(module) is nn.Linear and module.weight.device.type == "cpu" and packable(module.weight.dtype):
                 module.__class__ = PackedLinear
                 module.repack()
+                module.stock_rows = (
+                    calibrate_stock_rows(module.weight, module.bias) if stock_rows is None else stock_rows
+                )
+                rows_used[module.stock_rows] = rows_used.get(module.stock_rows, 0) + 1
                 packed += 1
             elif isinstance(module, nn.Linear):
                 reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
@@ -146,6 +213,9 @@ def optimize_for_cpu(model: nn.Module) -> nn.Module:
             sum(skipped.values()),
             f" ({detail})" if detail else "",
         )
+    if any(rows_used):
+        logger.info("optimize_for_cpu: stock kernels where faster on this CPU: %s.", ", ".join(
+            f"{n} layer(s) up to {rows} token(s)" for rows, n in sorted(rows_used.items()) if rows))
     return model
 
 
@@ -156,6 +226,7 @@ def restore_stock_kernels(model: nn.Module) -> nn.Module:
             module.__class__ = nn.Linear
             module.__dict__.pop("_packed_weight", None)
             module.__dict__.pop("_packed_key", None)
+            module.__dict__.pop("stock_rows", None)
     return model
 
 

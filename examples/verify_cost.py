@@ -7,7 +7,9 @@ set, with a KV cache of `--context` tokens, as medians of `--repeats` timed forw
 timed interleaved (every repeat runs each set once), so a slow drift of a shared machine hits all alike:
 
 * `stock`: transformers as installed (`nn.Linear` → MKL sgemm in fp32);
-* `optimized`: `domino_hf.optimize_for_cpu` (every `nn.Linear` on pre-packed oneDNN weights);
+* `optimized`: `domino_hf.optimize_for_cpu` (every `nn.Linear` on pre-packed oneDNN weights, few-token
+  forwards on the stock kernel where it measured faster on this CPU);
+* `packed`: `optimize_for_cpu(stock_rows=0)`, the packed kernels for every forward;
 * `compiled`: the upstream route, `torch.compile(dynamic=True)` with inductor freezing (which packs weights
   the same way). Slow to build: its compile time, recompiles (across k and across growing cache lengths)
   and resident memory are printed too.
@@ -91,7 +93,7 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--target", default="smollm2", help="`smollm2`, a local folder or a Hub id")
-    parser.add_argument("--kernels", default="stock,optimized", help="comma-separated: stock, optimized, compiled")
+    parser.add_argument("--kernels", default="stock,optimized", help="comma-separated: stock, optimized, packed, compiled")
     parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES, help="torch dtype of the target")
     parser.add_argument("--tokens", default="1,2,3,4,5,8,9,16,17", help="comma-separated forward lengths")
     parser.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
@@ -99,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     lengths = [int(k) for k in args.tokens.split(",")]
     kernels = args.kernels.split(",")
-    unknown = set(kernels) - {"stock", "optimized", "compiled"}
+    unknown = set(kernels) - {"stock", "optimized", "packed", "compiled"}
     if unknown:
         parser.error(f"unknown kernel set(s) {sorted(unknown)}")
 
@@ -113,8 +115,8 @@ def main() -> None:
         start = time.perf_counter()
         if name == "stock":
             runner = model
-        elif name == "optimized":
-            runner = optimize_for_cpu(copy.deepcopy(model))
+        elif name in ("optimized", "packed"):
+            runner = optimize_for_cpu(copy.deepcopy(model), stock_rows=0 if name == "packed" else None)
         else:
             runner = compiled_model(copy.deepcopy(model))
         graphs = recompiles() if name == "compiled" else 0

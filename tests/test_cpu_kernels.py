@@ -44,10 +44,11 @@ def test_logits_match_stock_kernels(arch, overrides):
         assert target.get_output_embeddings().weight is target.get_input_embeddings().weight
 
 
+@pytest.mark.parametrize("stock_rows", [0, 2, None])  # packed from 1 token, from 3, as calibrated here
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
-def test_greedy_identity_plain_and_domino_on_an_optimized_target(arch):
-    target = optimize_for_cpu(make_tiny_target(arch, vocab_size=32))
-    draft = optimize_for_cpu(make_tiny_draft(target))
+def test_greedy_identity_plain_and_domino_on_an_optimized_target(arch, stock_rows):
+    target = optimize_for_cpu(make_tiny_target(arch, vocab_size=32), stock_rows=stock_rows)
+    draft = optimize_for_cpu(make_tiny_draft(target), stock_rows=stock_rows)
     assert is_optimized(target) and is_optimized(draft)
     for ids in tiny_prompts(3, vocab_size=32):
         greedy_both(target, draft, ids, max_new_tokens=20)
@@ -86,12 +87,35 @@ def test_save_copy_and_pickle_never_carry_packed_tensors(tmp_path):
 
 
 def test_in_place_weight_changes_are_never_stale():
-    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8))).eval()
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8)), stock_rows=0).eval()
     x = torch.randn(3, 8)
     with torch.no_grad():
         layer[0].weight.mul_(2.0)  # e.g. an optimizer step or load_state_dict
         expected = torch.nn.functional.linear(x, layer[0].weight, layer[0].bias)
         assert torch.allclose(layer(x), expected, atol=1e-6)
+
+
+def test_few_token_forwards_keep_the_stock_kernel_where_it_is_faster(monkeypatch):
+    import domino_hf.cpu_kernels as kernels
+
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(16, 32)), stock_rows=2).eval()
+    stock_calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda *a: stock_calls.append(a[0].shape) or linear(*a))
+    with torch.no_grad():
+        for shape in [(1, 16), (1, 2, 16), (3, 16), (1, 5, 16)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(layer(x), linear(x, layer[0].weight, layer[0].bias), atol=1e-5, rtol=1e-5)
+    assert stock_calls == [(1, 16), (1, 2, 16)]  # tokens ≤ stock_rows: stock; more: packed
+    # calibrated: a row count of ROW_CANDIDATES (or 0), measured once per shape, dtype and thread count
+    weight = torch.randn(24, 40)
+    rows = kernels.calibrate_stock_rows(weight)
+    assert rows in (0, *kernels.ROW_CANDIDATES)
+    assert kernels._stock_rows[(24, 40, torch.float32, torch.get_num_threads())] == rows
+    monkeypatch.setattr(kernels, "_median_seconds", lambda *a: pytest.fail("timed again"))
+    assert kernels.calibrate_stock_rows(torch.zeros(24, 40)) == rows
+    restore_stock_kernels(layer)
+    assert "stock_rows" not in layer[0].__dict__
 
 
 def test_gradients_flow_through_the_stock_path():
