@@ -1,12 +1,13 @@
 """τ of a draft without decoding with it: greedy decoding replayed, teacher-forced, on the target's answers.
 
-Per prompt set: the replayed τ (what `generate(assistant_model=draft)` accepts, the block alone, drafting every
-step: `domino_hf.training.teacher_forced`), the anchor mean that training logs as `sim_tau` (biased high),
-and how often slot 1 is right. Answers come from the target (greedy, `--max-new-tokens`) for prompt sets, or
-are read from regen JSONL files (`--answers`, e.g. a draft's own training data: its training-set τ at the
-cost of one forward per answer).
+Per draft and prompt set: the replayed τ (what `generate(assistant_model=draft)` accepts, the block alone,
+drafting every step: `domino_hf.training.teacher_forced`), the anchor mean that training logs as `sim_tau`
+(biased high), and how often slot 1 is right. Answers come from the target (greedy, `--max-new-tokens`) for
+prompt sets, or are read from regen JSONL files (`--answers`, e.g. a draft's own training data: its
+training-set τ at the cost of one forward per answer).
 
-    python examples/replay_tau.py --draft drafts/smollm2-135m-instruct-domino --prompts mt_bench,sum
+    python examples/replay_tau.py --draft drafts/smollm2-135m-instruct-domino runs/x/checkpoint-500 \
+        --prompts mt_bench,sum
     python examples/replay_tau.py --draft drafts/smollm2-135m-instruct-domino \
         --answers ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl --num-prompts 40
 """
@@ -44,7 +45,7 @@ def answer_sets(args, target, tokenizer) -> dict[str, list[tuple[list[int], list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--draft", required=True)
+    parser.add_argument("--draft", required=True, nargs="+", help="one or more drafts, replayed on the same answers")
     parser.add_argument("--target", default="smollm2")
     parser.add_argument("--prompts", default="", help="comma-separated prompt sets or JSONL paths")
     parser.add_argument("--answers", nargs="*", help="regen JSONL(.gz) files: prompts with the target's answers")
@@ -57,17 +58,24 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     target, tokenizer = load_target(args.target, dtype=torch.float32)
-    draft = AutoModel.from_pretrained(args.draft, trust_remote_code=True, dtype=torch.float32).eval()
-    head = DominoTargetHead(target, draft.config)
-    print("| set | answers | replayed τ | anchor-mean τ (`sim_tau`) | slot-1 right |")
-    print("|---|---:|---:|---:|---:|")
-    for name, pairs in answer_sets(args, target, tokenizer).items():
-        replays = [replay_answer(draft, target, p, a, head) for p, a in tqdm(pairs, desc=name, leave=False)]
-        replays = [r for r in replays if r.runs]
-        runs = [run for r in replays for run in r.runs]
-        tau = sum(len(r.runs) for r in replays) / sum(len(r.steps) for r in replays)  # pooled, as domino bench
-        mean = 1 + statistics.mean(runs)  # pooled over anchors, as training logs it
-        print(f"| {name} | {len(replays)} | {tau:.2f} | {mean:.2f} | {sum(r > 0 for r in runs) / len(runs):.2f} |")
+    sets = answer_sets(args, target, tokenizer)  # answered once, replayed for every draft
+    print("| draft | set | answers | replayed τ | anchor-mean τ (`sim_tau`) | slot-1 right |")
+    print("|---|---|---:|---:|---:|---:|")
+    for path in args.draft:
+        draft = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
+        head = DominoTargetHead(target, draft.config)
+        pooled = [0, 0]
+        for name, pairs in sets.items():
+            replays = [replay_answer(draft, target, p, a, head) for p, a in tqdm(pairs, desc=name, leave=False)]
+            replays = [r for r in replays if r.runs]
+            runs = [run for r in replays for run in r.runs]
+            steps = sum(len(r.steps) for r in replays)
+            pooled = [pooled[0] + len(runs), pooled[1] + steps]
+            mean = 1 + statistics.mean(runs)  # pooled over anchors, as training logs it
+            right = sum(r > 0 for r in runs) / len(runs)
+            print(f"| {path} | {name} | {len(replays)} | {len(runs) / steps:.2f} | {mean:.2f} | {right:.2f} |")
+        if len(sets) > 1:
+            print(f"| {path} | all (pooled) | | {pooled[0] / pooled[1]:.2f} | | |")
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     parser.add_argument("--target", default="smollm2", help="`smollm2`, a local folder or a Hub id")
-    parser.add_argument("--kernels", default="stock,optimized", help="comma-separated: stock, optimized, packed, compiled")
+    parser.add_argument("--kernels", default="stock,optimized",
+                        help="comma-separated: stock, optimized, packed, compiled")
     parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES, help="torch dtype of the target")
     parser.add_argument("--tokens", default="1,2,3,4,5,8,9,16,17", help="comma-separated forward lengths")
     parser.add_argument("--context", type=int, default=300, help="tokens already in the KV cache")
