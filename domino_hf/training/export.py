@@ -171,8 +171,14 @@ def _training_section(folder: Path) -> str:
     if last:
         rows.append(
             f"- last logged: base loss {last.get('base_loss')}, final loss {last.get('final_loss')}, "
-            f"base top-1 {last.get('base_acc')}, final top-1 {last.get('final_acc')}, simulated τ {last.get('sim_tau')}"
+            f"base top-1 {last.get('base_acc')}, final top-1 {last.get('final_acc')}, "
+            f"simulated τ {last.get('sim_tau')} (anchor mean: overstates decoding's τ)"
         )
+    probes = [h for h in summary.get("log_history", []) if "probe_tau" in h]
+    if probes:
+        replayed = probes[-1].get("probe_replay_tau")
+        rows.append(f"- last τ probe (held-back prompts): decoding {probes[-1]['probe_tau']}"
+                    + (f", replayed {replayed}" if replayed is not None else ""))
     return "\n".join(rows)
 
 
