@@ -130,3 +130,14 @@ def test_train_sizes_a_derived_draft_by_the_same_rule(tiny_llama):
     draft = build_draft(target, tokenizer)
     assert (draft.config.gru_hidden_dim, draft.config.correction_rank) == (16, 16)
     assert draft.config.eos_token_id == target.config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_saved_config_holds_configuration_only(tmp_path):
+    """The validation switch set after construction is not written to config.json (it leaked into the shipped
+    draft's config once)."""
+    config = DominoConfig()
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not [key for key in saved if key.startswith("_checked")]
+    with pytest.raises(DominoConfigError):  # still validated after a round trip
+        DominoConfig.from_pretrained(tmp_path).block_size = 0

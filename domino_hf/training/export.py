@@ -350,17 +350,19 @@ def register(subparsers) -> None:
         "--measured", default=None,
         help="Markdown (or a file of it) for the card's 'Measured' section (e.g. a `domino bench` table).",
     )
-    card.add_argument("--notes", default=None, help="Extra Markdown for the card's 'Training' section.")
+    card.add_argument("--notes", default=None,
+                      help="Extra Markdown (or a file of it) for the card's 'Training' section.")
     card.add_argument("--license", default="apache-2.0", help="License of the draft weights.")
     parser.set_defaults(func=run)
 
 
 def run(args) -> int:
-    measured = Path(args.measured).read_text() if args.measured and Path(args.measured).exists() else args.measured
+    measured, notes = (Path(text).read_text() if text and Path(text).exists() else text
+                       for text in (args.measured, args.notes))
     try:
         export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.hub_model_id or args.push_repo,
                      push=bool(args.push_to_hub or args.push_repo), private=args.private,
-                     published_dialect=args.published_dialect, measured=measured, notes=args.notes,
+                     published_dialect=args.published_dialect, measured=measured, notes=notes,
                      license=args.license, base_model=args.base_model, datasets=args.datasets)
     except (FileNotFoundError, ValueError) as err:  # no draft at the source; an impossible export
         logger.error("%s", err)
