@@ -45,6 +45,8 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # training in rounds: continue the shipped draft (its config and sub-vocabulary) on this round's data
     warm) echo "--init from:$SHIPPED --lr 3e-4" ;;
     warm_kl) echo "--init from:$SHIPPED --loss kl --kl-topk $KL_TOPK --lr 3e-4" ;;
+    # round 3: one more pass from round 2's `warm`, anchors and order drawn afresh (another seed)
+    warm2) echo "--init from:$OUT/warm/final --lr 3e-4 --seed 1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -72,9 +74,9 @@ for arm in $ARMS; do
     mkdir -p "$run"
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
-    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features $(arm_options "$arm") \
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features --seed 0 $(arm_options "$arm") \
       --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 "$PRECISION" "$GROUPING" \
-      --save-steps "$SAVE_STEPS" --logging-steps 50 --seed 0 --resume \
+      --save-steps "$SAVE_STEPS" --logging-steps 50 --resume \
       --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi
   if [ ! -f "$run/eval/heldout.json" ]; then

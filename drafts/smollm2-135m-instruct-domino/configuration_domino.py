@@ -168,6 +168,11 @@ class DominoConfig(PretrainedConfig):
         super().__init__(**kwargs)
         self._checked = True  # from now on, __setattr__ checks every field that is set
 
+    def to_dict(self) -> dict:
+        output = super().to_dict()
+        output.pop("_checked", None)  # the validation switch is state, not configuration
+        return output
+
     # ------------------------------------------------------------------------------------------ validation
     def __setattr__(self, key, value):
         if self.__dict__.get("_checked") and key in _FIELD_RULES:
