@@ -111,6 +111,28 @@ def test_backoff_schedule():
         weak.update(pattern[step % len(pattern)])
 
 
+def test_backoff_bar_follows_the_measured_verify_cost():
+    """Where verifying 5 tokens measures 1.6× a plain step, a draft averaging 0.4 accepted tokens no longer
+    pays and is paused; with the (unmeasured) prior cost the bar stays `min_gain`."""
+    from domino_hf.modeling.hybrid_domino import VerifyCost
+
+    prior = DraftBackoff(cost=VerifyCost(), proposed=5)
+    assert prior.bar == prior.min_gain == 0.25
+    measured = VerifyCost(measure=True)
+    for _ in range(60):  # a plain step 10 ms, a 5-token verify 16 ms
+        measured.observe(1, 0.010)
+        measured.observe(5, 0.016)
+    backoff = DraftBackoff(cost=measured, proposed=5)
+    assert backoff.bar == pytest.approx(0.6, abs=0.05)
+    pattern = [0, 0, 1, 0, 1, 0, 0, 1, 0, 1]  # 0.4 tokens a step: paid at 1.2x, not at 1.6x
+    drafted = 0
+    for step in range(200):
+        if backoff.should_draft():
+            drafted += 1
+            backoff.update(pattern[drafted % len(pattern)])
+    assert drafted < 150
+
+
 def test_expected_accepted():
     assert expected_accepted([]) == 0
     assert expected_accepted([0.5, 0.5]) == pytest.approx(0.75)
