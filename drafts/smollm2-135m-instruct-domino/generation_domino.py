@@ -181,8 +181,8 @@ class DominoCandidateGenerator(CandidateGenerator):
                 logits_processor=self.logits_processor,
                 vocab_size=self.head.vocab_size,
             )
-        self.backoff = DraftBackoff()
         cost = VerifyCost.for_device(target.device, measure=settings["measure_cost"])
+        self.backoff = DraftBackoff(cost=cost, proposed=self.config.num_draft_tokens + 1)
         self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost, cut_spans=settings["cut_spans"])
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the span lookup found at the step being proposed
