@@ -31,6 +31,7 @@ speculative decoding stays exactly lossless against plain decoding *on the same 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import statistics
 import time
@@ -92,14 +93,13 @@ def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None)
             stock_rows = 0
             for rows in ROW_CANDIDATES:
                 x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-                turn = iter(range(10**9))
+                stock_cycle, packed_cycle = itertools.cycle(weights), itertools.cycle(packed_weights)
 
-                def stock(x=x):
-                    return F.linear(x, weights[next(turn) % copies], bias)
+                def stock(x=x, cycle=stock_cycle):
+                    return F.linear(x, next(cycle), bias)
 
-                def packed(x=x):
-                    return torch.ops.mkldnn._linear_pointwise(
-                        x, packed_weights[next(turn) % copies], bias, "none", [], "")
+                def packed(x=x, cycle=packed_cycle):
+                    return torch.ops.mkldnn._linear_pointwise(x, next(cycle), bias, "none", [], "")
 
                 stock(), packed()  # warm-up
                 one = _median_seconds(stock, 3) + _median_seconds(packed, 3)

@@ -24,6 +24,7 @@ from transformers import AutoModel
 
 from domino_hf import DominoTargetHead, load_target
 from domino_hf.bench.cli import build_prompts
+from domino_hf.modeling.generation_domino import acceptance_length
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.teacher_forced import replay_answer
 
@@ -64,18 +65,19 @@ def main() -> None:
     for path in args.draft:
         draft = AutoModel.from_pretrained(path, trust_remote_code=True, dtype=torch.float32).eval()
         head = DominoTargetHead(target, draft.config)
-        pooled = [0, 0]
+        pooled = []  # accepted tokens per step over every set
         for name, pairs in sets.items():
             replays = [replay_answer(draft, target, p, a, head) for p, a in tqdm(pairs, desc=name, leave=False)]
             replays = [r for r in replays if r.runs]
             runs = [run for r in replays for run in r.runs]
-            steps = sum(len(r.steps) for r in replays)
-            pooled = [pooled[0] + len(runs), pooled[1] + steps]
+            accepted = [n for r in replays for n in r.accepted]
+            pooled += accepted
             mean = 1 + statistics.mean(runs)  # pooled over anchors, as training logs it
             right = sum(r > 0 for r in runs) / len(runs)
-            print(f"| {path} | {name} | {len(replays)} | {len(runs) / steps:.2f} | {mean:.2f} | {right:.2f} |")
+            tau = acceptance_length(accepted)
+            print(f"| {path} | {name} | {len(replays)} | {tau:.2f} | {mean:.2f} | {right:.2f} |")
         if len(sets) > 1:
-            print(f"| {path} | all (pooled) | | {pooled[0] / pooled[1]:.2f} | | |")
+            print(f"| {path} | all (pooled) | | {acceptance_length(pooled):.2f} | | |")
 
 
 if __name__ == "__main__":

@@ -405,16 +405,16 @@ def make_tau_probe(target, prompts: list[torch.Tensor], max_new_tokens: int):
     def probe(draft) -> dict[str, float]:
         was_training = draft.training
         draft.eval()
-        accepted, replayed, replay_steps = [], 0, 0
+        accepted, replayed = [], []
         for input_ids in prompts:
             input_ids = input_ids.to(target.device)
             output = target.generate(input_ids, assistant_model=draft, max_new_tokens=max_new_tokens, do_sample=False)
             accepted += draft.last_generation_stats.accepted
-            replay = replay_answer(draft, target, input_ids[0].tolist(), output[0, input_ids.shape[1]:].tolist())
-            replayed, replay_steps = replayed + len(replay.runs), replay_steps + len(replay.steps)
+            answer = output[0, input_ids.shape[1]:].tolist()
+            replayed += replay_answer(draft, target, input_ids[0].tolist(), answer).accepted
         draft.train(was_training)
         return {"probe_tau": round(acceptance_length(accepted) or 0.0, 4),
-                "probe_replay_tau": round(replayed / max(1, replay_steps), 4)}
+                "probe_replay_tau": round(acceptance_length(replayed) or 0.0, 4)}
 
     return probe
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..modeling import DominoTargetHead
+from ..modeling.generation_domino import acceptance_length
 from .dataset import AnchorCollator
 from .objective import DominoObjective, accepted_runs, draft_inputs
 
@@ -26,15 +27,20 @@ from .objective import DominoObjective, accepted_runs, draft_inputs
 class Replay:
     """One answer replayed. `runs[i]`: the accepted run at anchor P + i, for every response position that has a
     next token (at most what leaves room for the step's bonus token inside the answer). `steps`: the anchors
-    decoding visits, in order. τ counts the bonus token, as `domino bench`: decoded tokens (the answer less its
-    first token, which the prefill produces) per verify step."""
+    decoding visits, in order. τ is `acceptance_length` of the accepted runs, as everywhere: decoded tokens (the
+    answer less its first token, which the prefill produces) per verify step."""
 
     runs: list[int]
     steps: list[int]
 
     @property
+    def accepted(self) -> list[int]:
+        """Draft tokens accepted at each step, as `DominoGenerationStats.accepted` records them."""
+        return [self.runs[step] for step in self.steps]
+
+    @property
     def tau(self) -> float:
-        return len(self.runs) / max(1, len(self.steps))
+        return acceptance_length(self.accepted) or 0.0
 
     @property
     def anchor_mean_tau(self) -> float:
@@ -59,10 +65,10 @@ def replay_answer(draft, target, prompt_ids: list[int], response_ids: list[int],
     if len(response_ids) < 2:
         return Replay(runs=[], steps=[])
     config = draft.config
-    target_head = target_head or DominoTargetHead(target, config, device=next(target.parameters()).device)
+    device = next(target.parameters()).device
+    target_head = target_head or DominoTargetHead(target, config, device=device)
     collator = AnchorCollator(config, num_anchors=len(response_ids) - 1)  # every anchor, in order
     batch = collator([{"prompt_ids": list(prompt_ids), "response_ids": list(response_ids), "index": 0, "epoch": 0}])
-    device = next(target.parameters()).device
     batch = {key: value.to(device) for key, value in batch.items()}
     context_hidden, _, block_embeds, label_embeds, _ = draft_inputs(
         target, target_head, config, batch["input_ids"], batch["attention_mask"], batch["anchors"]
