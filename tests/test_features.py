@@ -178,3 +178,33 @@ def test_processes_split_the_shards_into_the_folder_one_process_writes(target, t
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: pytest.fail("loaded the target"))
     assert main(["features", "--target", "tiny", "--data", str(tmp_path / "data.jsonl"), "--out",
                  str(tmp_path / "three")]) == 2
+
+
+def test_a_folder_grows_with_data_added_at_its_end(target, tmp_path, caplog):
+    """Training in rounds: new answers listed after the old files extend the folder; only the last old shard
+    (which lacked examples) and the new ones are extracted, and the folder equals a fresh extraction."""
+    first = write_regen(tmp_path / "first.jsonl", target, count=6)
+    second = write_regen(tmp_path / "second.jsonl", target, count=5, seed=1)
+    with open(second, "a") as handle:  # a prompt the first file answers already: dropped, as in training
+        handle.write(open(first).readline())
+    old = RegenDataset.from_jsonl([str(first)])
+    extract_features(target, old, [0, 2], tmp_path / "grown", shard_size=4)
+    untouched = (tmp_path / "grown" / "shard-0000000.safetensors").stat().st_mtime_ns
+    both = RegenDataset.from_jsonl([str(first), str(second)])
+    assert len(both) == 11
+    caplog.set_level(logging.INFO, logger="domino_hf")
+    extract_features(target, both, [0, 2], tmp_path / "grown", shard_size=4)
+    assert "Extending" in caplog.text and "from 6 to 11 examples" in caplog.text
+    assert (tmp_path / "grown" / "shard-0000000.safetensors").stat().st_mtime_ns == untouched
+    extract_features(target, both, [0, 2], tmp_path / "fresh", shard_size=4)
+    grown, fresh = FeatureStore(tmp_path / "grown"), FeatureStore(tmp_path / "fresh")
+    assert grown.meta == fresh.meta and grown.available() == 11
+    for i, example in enumerate(both.examples):
+        length = len(example.prompt_ids) + len(example.response_ids)
+        assert torch.equal(grown.get(i, length), fresh.get(i, length))
+    for data in ([str(second), str(first)], [str(second)]):  # other files first: not a growth
+        with pytest.raises(ValueError, match="other data.*list the folder's data files first"):
+            extract_features(target, RegenDataset.from_jsonl(data), [0, 2], tmp_path / "grown", shard_size=4)
+    with pytest.raises(ValueError, match="other data"):  # fewer examples than the folder holds
+        extract_features(target, RegenDataset.from_jsonl([str(first)], limit=3), [0, 2], tmp_path / "grown",
+                         shard_size=4)

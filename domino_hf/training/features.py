@@ -23,6 +23,7 @@ the target's LM head over those positions at extraction, and they fit any sub-vo
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import os
@@ -124,8 +125,15 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
             if {**previous, key: meta[key]} == meta and previous.get(key) != meta[key]:
                 raise ValueError(f"{out} holds features {wording.format(previous.get(key))}, not {meta[key]}: pass "
                                  f"{option} {previous.get(key)} to resume, or use a new folder.")
-        if previous != meta:
-            raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder.")
+        if previous != meta and not _grows(previous, meta):
+            raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder, or "
+                             "list the folder's data files first and new ones after them to extend it.")
+        if previous != meta:  # the data grew at its end: the last shard may lack examples now
+            if previous["num_examples"] % shard_size:
+                last = previous["num_examples"] // shard_size * shard_size
+                (out / f"shard-{last:07d}.safetensors").unlink(missing_ok=True)
+            logger.info("Extending %s from %d to %d examples", out, previous["num_examples"], meta["num_examples"])
+            _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")
     else:
         _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")  # processes may start together
     if draft_config is not None:
@@ -172,6 +180,27 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
         logger.info("Context features of process %d of %d in %s (%d of %d examples on disk)", rank, count, out,
                     FeatureStore(out).available(), len(dataset))
     return out
+
+
+def _sources(source: str) -> list[str]:
+    """The data files of a `RegenDataset.source` (`str` of a path or of a list of paths)."""
+    try:
+        parsed = ast.literal_eval(source)
+    except (ValueError, SyntaxError):
+        return [source]
+    return [str(p) for p in parsed] if isinstance(parsed, (list, tuple)) else [source]
+
+
+def _grows(previous: dict, meta: dict) -> bool:
+    """True when `meta`'s data is `previous`'s with records added at its end: the same files first (new files
+    after them, or the last file grown), the same layers and storage, more examples. Training in rounds
+    extends one folder instead of extracting every earlier record again. Earlier examples keep their indices
+    because `RegenDataset.from_jsonl` keeps the first record per prompt, file by file; each read still checks
+    the example's length."""
+    same = {k: v for k, v in previous.items() if k not in ("num_examples", "source")} == {
+        k: v for k, v in meta.items() if k not in ("num_examples", "source")}
+    old, new = _sources(previous["source"]), _sources(meta["source"])
+    return same and meta["num_examples"] > previous["num_examples"] and new[: len(old)] == old
 
 
 def check_process(rank: int, count: int) -> None:
