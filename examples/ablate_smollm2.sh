@@ -18,11 +18,15 @@ CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
 ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/regen/a-20261202-2.jsonl.gz
   data/regen/b-20261202-0.jsonl.gz data/regen/b-20261202-1.jsonl.gz data/regen/b-20261202-2.jsonl.gz
   ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl"
-DATA="${DATA:-$ROUND2_DATA}"   # space-separated JSONL(.gz) files
+# Round 3 (session 12): the shards written since, listed after round 2's so that its feature folder grows
+# (`domino features` extracts only the new records): 17,969 records, 3.03M response tokens.
+ROUND3_DATA="$ROUND2_DATA data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202-4.jsonl.gz"
+DATA="${DATA:-$ROUND3_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
-# Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder.
+# Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
+# grew it (round-2 arms still train on its first 16,730 records: `DATA="$ROUND2_DATA"` and `FEATURES` of a copy).
 FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
-OUT="${OUT:-$CACHE/ablations-round2}"
+OUT="${OUT:-$CACHE/ablations-round3}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
 PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
@@ -45,8 +49,12 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # training in rounds: continue the shipped draft (its config and sub-vocabulary) on this round's data
     warm) echo "--init from:$SHIPPED --lr 3e-4" ;;
     warm_kl) echo "--init from:$SHIPPED --loss kl --kl-topk $KL_TOPK --lr 3e-4" ;;
-    # round 3: one more pass from round 2's `warm`, anchors and order drawn afresh (another seed)
-    warm2) echo "--init from:$OUT/warm/final --lr 3e-4 --seed 1" ;;
+    # round 2, second pass: from round 2's `warm`, anchors and order drawn afresh (another seed)
+    warm2) echo "--init from:$CACHE/ablations-round2/warm/final --lr 3e-4 --seed 1" ;;
+    # round 3: a pass over round 3's data from the shipped draft (round 2's `warm2`), and the same with the
+    # sub-vocabulary grown from 8,192 to 16,384 tokens (new tokens start with no head correction)
+    warm3) echo "--init from:$SHIPPED --lr 3e-4 --seed 2" ;;
+    warm3_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 2 --draft-vocab-size 16384" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -74,8 +82,8 @@ for arm in $ARMS; do
     mkdir -p "$run"
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
-    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features --seed 0 $(arm_options "$arm") \
-      --draft-vocab-size 8192 --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 "$PRECISION" "$GROUPING" \
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features --seed 0 --draft-vocab-size 8192 \
+      $(arm_options "$arm") --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 "$PRECISION" "$GROUPING" \
       --save-steps "$SAVE_STEPS" --logging-steps 50 --resume \
       --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi

@@ -1,6 +1,7 @@
 """Training pipeline: objective, masks, schedule, resume, multi-process equivalence, export."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -16,7 +17,8 @@ from domino_hf.training.dataset import AnchorCollator, LengthGroupedEpochSampler
 from domino_hf.training.export import export_draft
 from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
 from domino_hf.training.checkpoint import last_complete_checkpoint
-from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
+from domino_hf.training.recipe import TrainSettings, build_draft, grow_draft_vocab, train_draft
+from domino_hf.modeling import DominoDraftModel
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _train_worker import tiny_target  # noqa: E402
@@ -375,3 +377,39 @@ def test_length_grouped_batches_pad_less_in_an_order_fixed_by_seed_and_epoch():
         return sum(8 * max(lengths[i] for i in indices[b : b + 8]) for b in range(0, len(indices), 8))
 
     assert padded(first) < 0.6 * padded(list(range(800)))  # random order pads ~1.8x here; grouped, ~1.05x
+
+
+def test_a_continued_draft_grows_its_sub_vocabulary(target, tmp_path, monkeypatch, caplog):
+    """`--init from:DIR --draft-vocab-size N` keeps the draft's tokens and adds the data's next most frequent:
+    old correction rows carry over, new ones start at zero, and the grown draft stays lossless."""
+    import domino_hf.targets
+    from domino_hf.cli import main
+
+    data = write_regen(tmp_path / "d.jsonl", target, count=8)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    argv = ["train", "--target", "tiny", "--data", str(data), "--num-anchors", "4", "--max-steps", "2",
+            "--save-steps", "100"]
+    assert main([*argv, "--num-layers", "1", "--block-size", "4", "--draft-vocab-size", "12",
+                 "--out", str(tmp_path / "small")]) == 0
+    small = DominoDraftModel.from_pretrained(tmp_path / "small" / "final")
+    dataset = RegenDataset.from_jsonl(data)
+    grown = DominoDraftModel.from_pretrained(tmp_path / "small" / "final")
+    coverage = grow_draft_vocab(grown, dataset, 20)
+    old, new = small.config.draft_vocab_ids, grown.config.draft_vocab_ids
+    assert len(new) == 20 and set(old) < set(new) and new == sorted(new)
+    assert coverage == build_draft_vocab(dataset, 20, always=tuple(old))[1]
+    w2_old, w2_new = small.embed_proj[2].weight, grown.embed_proj[2].weight
+    for row, token in enumerate(new):
+        expected = w2_old[old.index(token)] if token in old else torch.zeros_like(w2_old[0])
+        assert torch.equal(w2_new[row], expected)
+    grown.eval()
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    expected = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    assert target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=grown).equal(expected)
+    caplog.set_level(logging.INFO, logger="domino_hf")
+    from_small = ["--init", f"from:{tmp_path / 'small' / 'final'}"]
+    assert main([*argv, *from_small, "--draft-vocab-size", "20", "--out", str(tmp_path / "grown")]) == 0
+    assert "grown to 20 tokens" in caplog.text
+    assert DominoDraftModel.from_pretrained(tmp_path / "grown" / "final").config.draft_vocab_size == 20
+    assert main([*argv, *from_small, "--draft-vocab-size", "8", "--out", str(tmp_path / "shrunk")]) == 2
+    assert "can only grow" in caplog.text and not (tmp_path / "shrunk" / "final").exists()

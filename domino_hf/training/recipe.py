@@ -107,6 +107,29 @@ def build_draft(target, tokenizer, config_path=None, init="random", config=None,
     return draft
 
 
+def grow_draft_vocab(draft: DominoDraftModel, dataset: RegenDataset, size: int) -> float:
+    """Widen a continued draft's sub-vocabulary to `size` tokens: its own ids kept, then the data's most frequent
+    others (`build_draft_vocab`). Returns the new coverage of the data's response tokens.
+
+    Why this is cheap: the draft owns no LM head (the target's rows are selected at run time), so a new token's
+    base logit is meaningful at once; only the head correction's output layer (W2, rank × V) has a row per
+    token, and a new row starts at zero (no correction) for training to fill in."""
+    old = draft.config.draft_vocab_ids
+    if old is None or size < len(old):
+        have = "the full vocabulary" if old is None else f"{len(old)} tokens"
+        raise ValueError(f"--draft-vocab-size {size}: the draft in --init from: predicts over {have}; a continued "
+                         "draft's sub-vocabulary can only grow. Train a fresh draft (--init random) to shrink it.")
+    ids, coverage = build_draft_vocab(dataset, size, always=tuple(old))
+    if hasattr(draft, "embed_proj"):  # the head correction
+        w2 = draft.embed_proj[2].weight.data  # (V_old, r)
+        grown = w2.new_zeros(len(ids), w2.shape[1])  # (V_new, r)
+        grown[torch.searchsorted(torch.tensor(ids), torch.tensor(old))] = w2
+        draft.embed_proj[2] = torch.nn.Linear(w2.shape[1], len(ids), bias=False, dtype=w2.dtype)
+        draft.embed_proj[2].weight.data = grown
+    draft.config.draft_vocab_ids = ids
+    return coverage
+
+
 def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings: TrainSettings, tau_probe=None):
     """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
     on_gpu = torch.cuda.is_available()
@@ -356,6 +379,15 @@ def run(args) -> int:
         logger.info("Draft config from %s", args.config)
     config = None if args.init.startswith("from:") else config_from_args(args, target, tokenizer, dataset)
     draft = build_draft(target, tokenizer, init=args.init, config=config)
+    wider = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
+    if args.init.startswith("from:") and wider:
+        try:
+            coverage = grow_draft_vocab(draft, dataset, args.draft_vocab_size)
+        except ValueError as err:
+            logger.error("%s", err)
+            return 2
+        logger.info("Draft sub-vocabulary grown to %d tokens: they cover %.2f%% of the data's response tokens",
+                    draft.config.draft_vocab_size, 100 * coverage)
     try:
         if args.features:
             dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids),
