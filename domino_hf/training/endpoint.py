@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 from tqdm.auto import tqdm
 
 from ..data import PromptSet
-from .regen import _append, _special_ids, make_row, plan_turns, summarize
+from .regen import append_lines, _special_ids, make_row, plan_turns, summarize
 from .turns import TurnPrompt
 
 logger = logging.getLogger(__name__)
@@ -396,7 +396,7 @@ def regenerate_via_endpoint(
 
         def write(done: list[tuple[TurnPrompt, dict[str, Any]]]) -> None:
             rows = [make_row(tokenizer, item, *engine.answer_ids(reply, counts), counts) for item, reply in done]
-            _append(fh, rows)
+            append_lines(fh, rows)
             plan.answered(rows)
             bar.update(len(rows))
             bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")

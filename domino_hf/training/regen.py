@@ -182,7 +182,7 @@ def _sampling_kwargs(temperature: float) -> dict[str, Any]:
     return {"do_sample": False, "temperature": None, "top_k": None, "top_p": None}
 
 
-def _append(fh: Any, rows: list[dict[str, Any]]) -> None:
+def append_lines(fh: Any, rows: list[dict[str, Any]]) -> None:
     """Append whole lines and force them to disk, so a kill loses at most the batch in flight."""
     fh.write("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     fh.flush()
@@ -240,7 +240,7 @@ def regenerate(
                                              max_new_tokens, temperature, stop, tokenizer, decoder)
                 rows = [make_row(tokenizer, item, response_ids, finished, counts)
                         for item, (response_ids, finished) in zip(batch, answers)]
-                _append(fh, rows)
+                append_lines(fh, rows)
                 plan.answered(rows)
                 bar.update(len(rows))
                 bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
