@@ -24,13 +24,20 @@ from domino_hf.utils import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = ROOT / "data" / "regen"
-# The --out file of each of examples/regen_smollm2.sh's two processes, under $DOMINO_HF_CACHE/data.
-STREAMS = {"a": "sharegpt_turns_bf16.jsonl", "b": "mix_b_turns_bf16.jsonl"}
+# The --out file of each of examples/regen_smollm2.sh's streams, under $DOMINO_HF_CACHE/data: answers (a, b, c)
+# and the questions stream c answers, which the target wrote itself (`domino self-prompts`; p, kept apart so
+# that `data/regen/*.jsonl.gz` stays training data).
+STREAMS = {"a": "sharegpt_turns_bf16.jsonl", "b": "mix_b_turns_bf16.jsonl", "c": "self_bf16.jsonl",
+           "p": "self_prompts.jsonl"}
+
+
+def shard_folder(stream: str) -> Path:
+    return SHARDS / "prompts" if stream == "p" else SHARDS
 
 
 def shard_lines(stream: str) -> list[str]:
     lines = []
-    for path in sorted(SHARDS.glob(f"{stream}-*.jsonl.gz")):
+    for path in sorted(shard_folder(stream).glob(f"{stream}-*.jsonl.gz")):
         with gzip.open(path, "rt", encoding="utf-8") as fh:
             lines += [line for line in fh if line.strip()]
     return lines
@@ -69,12 +76,13 @@ def export(stream: str, date: str) -> None:
     if not new:
         print(f"{stream}: nothing new")
         return
-    n = len(list(SHARDS.glob(f"{stream}-{date}-*.jsonl.gz")))
-    path = SHARDS / f"{stream}-{date}-{n}.jsonl.gz"
-    SHARDS.mkdir(parents=True, exist_ok=True)
+    folder = shard_folder(stream)
+    n = len(list(folder.glob(f"{stream}-{date}-*.jsonl.gz")))
+    path = folder / f"{stream}-{date}-{n}.jsonl.gz"
+    folder.mkdir(parents=True, exist_ok=True)
     with gzip.open(path, "wt", encoding="utf-8") as fh:
         fh.writelines(line for line, _ in new)
-    tokens = sum(len(record["response_ids"]) for _, record in new)
+    tokens = sum(len(record.get("response_ids", ())) for _, record in new)
     print(f"{stream}: {len(new)} record(s), {tokens} response tokens -> {path.relative_to(ROOT)}")
 
 

