@@ -119,23 +119,23 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     meta = {"target_layer_ids": list(layer_ids), "num_examples": len(dataset), "source": dataset.source,
             "shard_size": shard_size, "dtype": store, "kl_topk": kl_topk}
     meta_path = out / META
+    previous = None
     if meta_path.exists():
         previous = {"kl_topk": 0, **json.loads(meta_path.read_text())}  # folders from before --kl-topk have none
         for key, (wording, option) in _RESUMED_OPTIONS.items():
             if {**previous, key: meta[key]} == meta and previous.get(key) != meta[key]:
                 raise ValueError(f"{out} holds features {wording.format(previous.get(key))}, not {meta[key]}: pass "
                                  f"{option} {previous.get(key)} to resume, or use a new folder.")
-        if previous != meta and not _grows(previous, meta):
-            raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder, or "
-                             "list the folder's data files first and new ones after them to extend it.")
-        if previous != meta:  # the data grew at its end: the last shard may lack examples now
-            if previous["num_examples"] % shard_size:
+        if previous != meta:
+            if not _grows(previous, meta):
+                raise ValueError(f"{out} holds features of other data or layers ({previous}); use a new folder, or "
+                                 "list the folder's data files first and new ones after them to extend it.")
+            if previous["num_examples"] % shard_size:  # the data grew at its end: the last shard lacks examples
                 last = previous["num_examples"] // shard_size * shard_size
                 (out / f"shard-{last:07d}.safetensors").unlink(missing_ok=True)
             logger.info("Extending %s from %d to %d examples", out, previous["num_examples"], meta["num_examples"])
-            _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")
-    else:
-        _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")  # processes may start together
+    if previous != meta:  # a new or grown folder; processes may start together
+        _write_atomically(meta_path, json.dumps(meta, indent=1), f".{rank}")
     if draft_config is not None:
         _write_atomically(out / CONFIG, draft_config.to_json_string(), f".{rank}")
     tokens = {s: sum(len(e.prompt_ids) + len(e.response_ids) for e in dataset.examples[s : s + shard_size])

@@ -379,8 +379,8 @@ def run(args) -> int:
         logger.info("Draft config from %s", args.config)
     config = None if args.init.startswith("from:") else config_from_args(args, target, tokenizer, dataset)
     draft = build_draft(target, tokenizer, init=args.init, config=config)
-    wider = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
-    if args.init.startswith("from:") and wider:
+    resized = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
+    if args.init.startswith("from:") and resized:  # grows, or names why it cannot
         try:
             coverage = grow_draft_vocab(draft, dataset, args.draft_vocab_size)
         except ValueError as err:
