@@ -61,6 +61,11 @@ class DominoConfig(PretrainedConfig):
         cut_lookup_spans (`bool`): send only the prefix of a context-lookup span with the most expected tokens
             per unit of verify cost under the span history (`SourceChooser.span_length`), instead of the whole
             span; a copy under way still goes out whole. Cheaper verifies, slightly lower τ (docs/hybrid.md).
+        draft_backoff (`bool`): no-fit fallback (`DraftBackoff` in `hybrid_domino.py`): while the draft's blocks
+            get too few tokens accepted to pay for the longer verify, take plain steps between single probes.
+            Faster where verifying costs real time (CPUs); τ then also counts those plain steps. `False` drafts
+            every step, as the field measures a draft's τ. A per-call `GenerationConfig(draft_backoff=…)`
+            overrides it. Lossless either way.
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for (named in the error raised when the draft does not fit a target).
         bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
@@ -103,6 +108,7 @@ class DominoConfig(PretrainedConfig):
         context_lookup_tokens=10,
         measure_verify_cost=False,
         cut_lookup_spans=False,
+        draft_backoff=True,
         target_model_type=None,
         target_name_or_path=None,
         bos_token_id=None,
@@ -158,6 +164,7 @@ class DominoConfig(PretrainedConfig):
         self.context_lookup_tokens = context_lookup_tokens
         self.measure_verify_cost = measure_verify_cost
         self.cut_lookup_spans = cut_lookup_spans
+        self.draft_backoff = draft_backoff
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         self.bos_token_id = bos_token_id
@@ -304,6 +311,7 @@ _FIELD_RULES = {
     "context_lookup_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no context lookup)"),
     "measure_verify_cost": (lambda v: isinstance(v, bool), "True or False"),
     "cut_lookup_spans": (lambda v: isinstance(v, bool), "True or False"),
+    "draft_backoff": (lambda v: isinstance(v, bool), "True or False"),
     "bos_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "pad_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "eos_token_id": (lambda v: v is None or _is_token_id(v) or _is_id_list(v), "None, a token id >= 0 or a list "

@@ -132,6 +132,16 @@ def greedy_both(target, draft, ids, **kwargs):
     return output, draft.last_generation_stats
 
 
+def never_right_draft(target, prompts, max_new_tokens: int):
+    """A random draft whose sub-vocabulary leaves out every token `target` says greedily after `prompts`
+    ((1, L) id tensors) within `max_new_tokens`: none of its drafts is ever accepted there."""
+    produced = set()
+    for ids in prompts:
+        output = target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens)
+        produced.update(output[0, ids.shape[1] :].tolist())
+    return make_tiny_draft(target, draft_vocab_ids=sorted(set(range(16)) - produced))
+
+
 def domino_drafted(stats) -> list[int]:
     """Tokens proposed per step by the Domino block itself (context-lookup spans left out)."""
     return [d for d, source in zip(stats.drafted, stats.sources) if source == "domino"]

@@ -17,7 +17,7 @@ from domino_hf.bench import runner
 from domino_hf.bench.stats import histogram, per_position_acceptance
 from domino_hf.modeling.generation_domino import acceptance_length
 
-from conftest import make_tiny_target
+from conftest import make_tiny_target, never_right_draft, tiny_prompts
 
 METRIC_DIR = runner.__file__.replace("runner.py", "metrics/speculative_acceptance")
 ALL = ("autoregressive", "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino")
@@ -396,3 +396,20 @@ def test_optimized_kernels_add_a_stock_baseline(bench_models):
 
     text = markdown(result)
     assert "vs stock transformers" in text and "`optimized`" in text
+
+
+def test_draft_only_methods_draft_every_step():
+    """`dflash` and `domino_no_lookup` measure the draft as the field does: with a draft that is never right,
+    they still draft at every step (the last one has no room), while `domino` as shipped pauses it."""
+    target = make_tiny_target("llama")
+    draft = never_right_draft(target, tiny_prompts(2), max_new_tokens=32)
+    prompts = [BenchPrompt("chat", f"p{i}", p[0].tolist()) for i, p in enumerate(tiny_prompts(2))]
+    config = BenchConfig(methods=("autoregressive", "dflash", "domino_no_lookup", "domino"), max_new_tokens=32,
+                         repeats=1, warmup=0, progress=False, profile=False)
+    result = run_benchmark(target, prompts, config, draft=draft)
+    for run in result["runs"]:
+        if run["method"] in ("dflash", "domino_no_lookup"):
+            assert all(d > 0 for d in run["drafted"][:-1]) and run["drafted"][-1] == 0, run["drafted"]
+        elif run["method"] == "domino":
+            assert 0 in run["drafted"][:-1]  # paused (no block, no span) where the draft does not pay
+    assert draft.config.draft_backoff is True  # the per-call setting left the draft as it was

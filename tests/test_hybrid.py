@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import domino_drafted, greedy_both, make_tiny_draft, make_tiny_target, tiny_prompts
+from conftest import (
+    domino_drafted, greedy_both, make_tiny_draft, make_tiny_target, never_right_draft, tiny_prompts,
+)
 from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, peaked_draft, sample
 from transformers import LogitsProcessorList
 
@@ -82,15 +84,37 @@ def test_explicit_assistant_confidence_threshold_shortens_blocks(fitted_pair):
 
 def test_backoff_takes_plain_steps_when_the_draft_never_fits():
     target = make_tiny_target("llama")
-    produced = set()
-    for ids in tiny_prompts(3):
-        produced.update(target.generate(ids, do_sample=False, max_new_tokens=40)[0, ids.shape[1] :].tolist())
-    draft = make_tiny_draft(target, draft_vocab_ids=sorted(set(range(16)) - produced))  # never right
+    draft = never_right_draft(target, tiny_prompts(3), max_new_tokens=40)
     draft.config.context_lookup_tokens = 0
     for ids in tiny_prompts(3):
         _, stats = greedy_both(target, draft, ids, max_new_tokens=40)
         counts = stats.source_counts()
         assert sum(stats.accepted) == 0 and counts["none"] > counts["domino"] >= 5
+
+
+@pytest.mark.parametrize("where", ["generation_config", "draft_config"])
+def test_draft_backoff_off_drafts_every_step(where):
+    """`draft_backoff=False` (per call, or the draft's field): a draft that never fits still drafts at every
+    step, as the field measures τ, and greedy output stays the target's."""
+    from transformers import GenerationConfig
+
+    target = make_tiny_target("llama")
+    draft = never_right_draft(target, tiny_prompts(2), max_new_tokens=40)
+    draft.config.context_lookup_tokens = 0
+    for ids in tiny_prompts(2):
+        if where == "draft_config":
+            draft.config.draft_backoff = False
+            _, stats = greedy_both(target, draft, ids, max_new_tokens=40)
+        else:
+            config = GenerationConfig(max_new_tokens=40, draft_backoff=False)
+            _, stats = greedy_both(target, draft, ids, generation_config=config)
+        counts = stats.source_counts()
+        assert sum(stats.accepted) == 0 and counts["domino"] == stats.num_steps - 1 and counts["none"] == 1
+
+
+def test_draft_backoff_must_be_a_bool():
+    with pytest.raises(ValueError, match="draft_backoff"):
+        make_tiny_draft(make_tiny_target("llama"), draft_backoff="off")
 
 
 def test_backoff_schedule():

@@ -12,7 +12,6 @@ import pytest
 import torch
 from conftest import greedy_both, tiny_prompts
 
-from domino_hf.modeling.hybrid_domino import DraftBackoff
 from domino_hf.training.teacher_forced import Replay, replay_answer, replay_steps
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -29,10 +28,10 @@ def test_replay_steps_move_on_by_run_plus_one():
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
-def test_replay_equals_greedy_decoding_step_by_step(arch, fitted_pair, monkeypatch):
+def test_replay_equals_greedy_decoding_step_by_step(arch, fitted_pair):
     target, draft, prompts = fitted_pair(arch)
     draft.config.context_lookup_tokens = 0  # the block alone
-    monkeypatch.setattr(DraftBackoff, "should_draft", lambda self: True)  # draft every step
+    draft.config.draft_backoff = False  # draft every step
     n = draft.config.num_draft_tokens
     checked = accepted_total = 0
     for ids in prompts[:3] + tiny_prompts(2, length=6, seed=11):  # fitted prompts (long runs), then unseen
@@ -71,7 +70,7 @@ def test_replay_runs_stay_within_the_answer(fitted_pair):
     assert sum(replay.runs[i] + 1 for i in replay.steps) == len(answer) - 1  # the last step ends on the last token
 
 
-def test_training_probe_reports_decoding_and_replayed_tau(fitted_pair, monkeypatch):
+def test_training_probe_reports_decoding_and_replayed_tau(fitted_pair):
     """`domino train --probe-prompts`: both τ at each checkpoint; with the lookup off and drafting forced on
     every step the two agree, since the replay is what decoding does then."""
     from domino_hf.training.recipe import make_tau_probe
@@ -83,6 +82,6 @@ def test_training_probe_reports_decoding_and_replayed_tau(fitted_pair, monkeypat
     assert set(shipped) == {"probe_tau", "probe_replay_tau"} and shipped["probe_replay_tau"] > 1.5
     assert draft.training  # the probe gives the draft back in training mode
     draft.config.context_lookup_tokens = 0
-    monkeypatch.setattr(DraftBackoff, "should_draft", lambda self: True)
+    draft.config.draft_backoff = False
     block_only = probe(draft)
     assert block_only["probe_tau"] == block_only["probe_replay_tau"], block_only

@@ -30,7 +30,9 @@ All methods run in one process on the same loaded target, interleaved prompt by 
   assisted        a classic small draft model (only with --assistant)
   dflash          the Domino checkpoint with its head switched off and no context lookup (plain DFlash)
   domino_no_lookup  the Domino block alone (head on, `prompt_lookup_num_tokens=0`)
-  domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context
+                  (both draft every step, `draft_backoff=False`: the draft's τ as the field measures it)
+  domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context,
+                  paused where it does not pay (the draft's `draft_backoff`)
 
 Reported per method (and per prompt set): τ (tokens per target forward, bonus included), per-position
 acceptance, the acceptance-length histogram, decode speedup vs autoregressive (prefill excluded, medians

@@ -92,7 +92,8 @@ class Method:
         fields = self.config_fields()
         if fields:
             generation_config = copy.deepcopy(generation_config)
-            generation_config.update(**fields)
+            for key, value in fields.items():  # setattr: `update` skips fields 🤗 does not define (draft_backoff)
+                setattr(generation_config, key, value)
         return target.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
@@ -159,7 +160,10 @@ class DominoMethod(Method):
     """One Domino checkpoint, three ways: `domino` as shipped (head on, context lookup at the draft's default),
     `domino_no_lookup` (the Domino block alone) and `dflash` (head off, no lookup: plain DFlash drafting).
 
-    The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head through `config.use_domino_head`.
+    The two draft-only methods measure the draft as the field does: it drafts every step (`draft_backoff=False`),
+    so their τ is the draft's and their head gain compares like with like; `domino` keeps the draft's own
+    no-fit fallback, as a user gets it. The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head
+    through `config.use_domino_head`.
     With `profile`, the draft times its own phases (`draft.profile_timings`); both switches are restored
     after every call, so the caller's draft leaves the benchmark as it came in.
     """
@@ -172,7 +176,7 @@ class DominoMethod(Method):
         self.profile = profile
 
     def config_fields(self):
-        return {} if self.lookup else {"prompt_lookup_num_tokens": 0}
+        return {} if self.lookup else {"prompt_lookup_num_tokens": 0, "draft_backoff": False}
 
     def generate_kwargs(self):
         return {"assistant_model": self.drafter}

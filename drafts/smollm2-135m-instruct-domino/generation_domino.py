@@ -106,6 +106,8 @@ def drafting_settings(config, generation_config) -> dict:
     * `prompt_lookup_num_tokens`: the context-lookup span (0 turns the lookup off; unset: the draft's
       `context_lookup_tokens`, else `DEFAULT_LOOKUP_TOKENS`); `max_matching_ngram_size` the longest n-gram
       matched (unset: `DEFAULT_LOOKUP_NGRAM`).
+    * `draft_backoff` (not a 🤗 field: set it on the GenerationConfig passed to `generate`): pause the draft
+      while it does not pay (unset: the draft's `draft_backoff`); `False` drafts every step.
     """
     defaults = generation_config._get_default_generation_params()
     threshold = generation_config.assistant_confidence_threshold
@@ -125,6 +127,7 @@ def drafting_settings(config, generation_config) -> dict:
         "lookup_ngram": int(generation_config.max_matching_ngram_size or DEFAULT_LOOKUP_NGRAM),
         "measure_cost": bool(getattr(config, "measure_verify_cost", False)),
         "cut_spans": bool(getattr(config, "cut_lookup_spans", False)),
+        "backoff": bool(getattr(generation_config, "draft_backoff", getattr(config, "draft_backoff", True))),
     }
 
 
@@ -182,7 +185,8 @@ class DominoCandidateGenerator(CandidateGenerator):
                 vocab_size=self.head.vocab_size,
             )
         cost = VerifyCost.for_device(target.device, measure=settings["measure_cost"])
-        self.backoff = DraftBackoff(cost=cost, proposed=self.config.num_draft_tokens + 1)
+        proposed = self.config.num_draft_tokens + 1
+        self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings["backoff"] else None
         self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost, cut_spans=settings["cut_spans"])
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the span lookup found at the step being proposed
@@ -211,7 +215,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         self._span = Span(span.tolist(), ngram) if len(span) else None
         if self._span and self.chooser.span_first(self._span):
             return self._propose_lookup(input_ids, span)
-        if not self.backoff.should_draft():
+        if self.backoff is not None and not self.backoff.should_draft():
             return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
 
         n_draft = min(budget, self.config.num_draft_tokens)
@@ -439,10 +443,9 @@ class DominoCandidateGenerator(CandidateGenerator):
         if step.shadow is not None:  # the draft ran but its block lost to a span: what would it have got?
             shadow = shadow_accepted(step.shadow.tolist(), verified)
         self.chooser.update(step, accepted, shadow, verified)
-        if source == "domino":
-            self.backoff.update(accepted)
-        elif shadow is not None:  # a block that lost to a span is judged by what it would have had accepted
-            self.backoff.update(shadow)
+        if self.backoff is not None and (source == "domino" or shadow is not None):
+            # a block that lost to a span is judged by what it would have had accepted
+            self.backoff.update(accepted if source == "domino" else shadow)
         if self.schedule in _HEURISTIC_SCHEDULES and proposed:
             self.cap = self.cap + 2 if accepted == proposed else max(1, self.cap - 1)
         self._step = None
