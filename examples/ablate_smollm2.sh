@@ -21,12 +21,15 @@ ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz d
 # Round 3 (session 12): the shards written since, listed after round 2's so that its feature folder grows
 # (`domino features` extracts only the new records): 17,969 records, 3.03M response tokens.
 ROUND3_DATA="$ROUND2_DATA data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202-4.jsonl.gz"
-DATA="${DATA:-$ROUND3_DATA}"   # space-separated JSONL(.gz) files
+# Round 4 (session 13): stream c, the questions SmolLM2 wrote itself and its answers (3,000 records, 598k tokens),
+# grown into the same folder: 20,969 records, 3.63M response tokens.
+ROUND4_DATA="$ROUND3_DATA data/regen/c-20261203-0.jsonl.gz"
+DATA="${DATA:-$ROUND4_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
 # grew it (round-2 arms still train on its first 16,730 records: `DATA="$ROUND2_DATA"` and `FEATURES` of a copy).
 FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
-OUT="${OUT:-$CACHE/ablations-round3}"
+OUT="${OUT:-$CACHE/ablations-round4}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
 PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
@@ -55,6 +58,9 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # sub-vocabulary grown from 8,192 to 16,384 tokens (new tokens start with no head correction)
     warm3) echo "--init from:$SHIPPED --lr 3e-4 --seed 2" ;;
     warm3_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 2 --draft-vocab-size 16384" ;;
+    # round 4: the same two from the shipped draft on round 4's data (stream c added), another seed
+    warm4) echo "--init from:$SHIPPED --lr 3e-4 --seed 3" ;;
+    warm4_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 3 --draft-vocab-size 16384" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
