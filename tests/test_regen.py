@@ -95,6 +95,26 @@ def test_too_long_prompts_and_limit_are_counted(tiny_llama, tmp_path):
     assert summary["written"] == 2
 
 
+def test_min_prompt_tokens_adds_the_long_prompts_a_capped_run_left_out(tiny_llama, tmp_path):
+    """A run capped at --max-prompt-tokens, then one with --min-prompt-tokens just above that cap: the second
+    answers only what the first left out, and the two together hold one answer per prompt."""
+    model, tokenizer = tiny_llama
+    prompts = _prompts(3)
+    prompts.records += [PromptRecord(id=f"long{i}", turns=["w1 " * (30 + i)]) for i in range(2)]
+    out = tmp_path / "o.jsonl"
+    short = regenerate(model, tokenizer, prompts, out, max_new_tokens=2, max_prompt_tokens=20)
+    assert (short["written"], short["skipped_too_long"]) == (3, 2)
+    long = regenerate(model, tokenizer, prompts, out, max_new_tokens=2, max_prompt_tokens=200, min_prompt_tokens=21)
+    assert (long["written"], long["skipped_existing"], long["skipped_too_short"]) == (2, 3, 0)
+    fresh = regenerate(model, tokenizer, prompts, tmp_path / "f.jsonl", max_new_tokens=2, max_prompt_tokens=200,
+                       min_prompt_tokens=21)
+    assert (fresh["written"], fresh["skipped_too_short"]) == (2, 3)
+    assert sorted(r["id"] for r in _rows(out)) == ["long0", "long1", "p0", "p1", "p2"]
+    with pytest.raises(ValueError, match="--min-prompt-tokens 30 is over --max-prompt-tokens 20"):
+        regenerate(model, tokenizer, prompts, tmp_path / "bad" / "x.jsonl", max_prompt_tokens=20, min_prompt_tokens=30)
+    assert not (tmp_path / "bad").exists()  # refused before anything was written
+
+
 @pytest.mark.parametrize("decoder", regen.DECODERS)
 def test_batched_left_padded_greedy_equals_unbatched(tiny_llama, decoder):
     model, tokenizer = tiny_llama

@@ -369,6 +369,7 @@ def regenerate_via_endpoint(
     system: str | None = None,
     chat_template: str = "auto",
     turns: str = "first",
+    min_prompt_tokens: int = 0,
 ) -> dict[str, Any]:
     """Like `regen.regenerate`, with the answers coming from `engine`'s server, `concurrency` at a time.
 
@@ -381,7 +382,8 @@ def regenerate_via_endpoint(
         raise ValueError("concurrency must be positive")
     out_path = Path(out_path)
     tokenizer = engine.tokenizer
-    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns)
+    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns,
+                      min_prompt_tokens)
     counts = plan.counts
     counts["token_mismatches"] += 0
     start = time.perf_counter()
@@ -488,7 +490,8 @@ def run_endpoint(args: argparse.Namespace) -> int:
                                max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
         regenerate_via_endpoint(engine, prompts, args.out, concurrency=args.concurrency,
                                 max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system,
-                                chat_template=getattr(args, "chat_template", "auto"), turns=args.turns)
+                                chat_template=getattr(args, "chat_template", "auto"), turns=args.turns,
+                                min_prompt_tokens=getattr(args, "min_prompt_tokens", 0))
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # EndpointError is a RuntimeError
         logger.error("%s", err)
         return 2

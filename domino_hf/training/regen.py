@@ -204,6 +204,7 @@ def regenerate(
     chat_template: str = "auto",
     stop: list[str] | None = None,
     turns: str = "first",
+    min_prompt_tokens: int = 0,
 ) -> dict[str, Any]:
     """Answer the prompts with the target and append the results to `out_path`.
 
@@ -211,14 +212,16 @@ def regenerate(
     the target's own earlier answers as history (see `domino_hf.training.turns`). Greedy unless
     `temperature > 0`. `limit` caps how many records of `prompts` are considered (so a rerun with the same limit
     resumes rather than extends). Ids already in `out_path` are skipped; prompts over `max_prompt_tokens`
-    chat-templated tokens are skipped and counted. `chat_template` formats the prompts (see
+    chat-templated tokens, or under `min_prompt_tokens` (a later job adding the long prompts an earlier one
+    capped), are skipped and counted. `chat_template` formats the prompts (see
     `domino_hf.data.chat_input_ids`); an answer also ends (finished) at the first of the `stop` strings.
     Returns the run's counts.
     """
     if batch_size < 1 or max_new_tokens < 1:
         raise ValueError("batch_size and max_new_tokens must be positive")
     out_path = Path(out_path)
-    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns)
+    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns,
+                      min_prompt_tokens)
     counts = plan.counts
     if seed is not None:
         torch.manual_seed(seed)
@@ -256,12 +259,14 @@ def regenerate(
 
 def plan_turns(
     tokenizer: Any, prompts: PromptSet, out_path: Path, max_prompt_tokens: int, limit: int | None,
-    system: str | None, chat_template: str = "auto", turns: str = "first",
+    system: str | None, chat_template: str = "auto", turns: str = "first", min_prompt_tokens: int = 0,
 ) -> TurnPlan:
     """The run's `TurnPlan` over the ids already in `out_path` (its tail repaired); creates the output's folder."""
+    plan = TurnPlan(tokenizer, prompts, {}, max_prompt_tokens, limit=limit, system=system,
+                    chat_template=chat_template, turns=turns, min_prompt_tokens=min_prompt_tokens)  # checks first
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    return TurnPlan(tokenizer, prompts, read_answers(out_path), max_prompt_tokens, limit=limit, system=system,
-                    chat_template=chat_template, turns=turns)
+    plan.answers.update(read_answers(out_path))
+    return plan
 
 
 def make_row(
@@ -338,6 +343,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--max-prompt-tokens", type=int, default=256, metavar="N",
         help="Skip (and count) prompts longer than N chat-templated tokens; with --turns all, such a turn ends its "
         "conversation (default: %(default)s).")
+    add("--min-prompt-tokens", type=int, default=0, metavar="N",
+        help="Skip (and count) prompts shorter than N chat-templated tokens, e.g. to add the long prompts an earlier "
+        "run's --max-prompt-tokens left out without redoing the rest; with --turns all, such a turn ends its "
+        "conversation (default: %(default)s).")
     add("--temperature", type=float, default=0.0, metavar="T",
         help="0 decodes greedily; above 0 samples from the full tempered distribution (default: %(default)s).")
     add("--seed", type=int, default=0, help="Random seed, used when sampling (default: %(default)s).")
@@ -382,6 +391,6 @@ def run(args: argparse.Namespace) -> int:
         model, tokenizer, prompts, args.out,
         batch_size=args.batch_size, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
         temperature=args.temperature, limit=args.limit, system=args.system, seed=args.seed,
-        chat_template=args.chat_template, stop=args.stop, turns=args.turns,
+        chat_template=args.chat_template, stop=args.stop, turns=args.turns, min_prompt_tokens=args.min_prompt_tokens,
     )
     return 0

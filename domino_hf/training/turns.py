@@ -65,18 +65,23 @@ class TurnPlan:
 
     `answers` maps the ids already in the output file to what they answered; `answered(rows)` adds the rows a
     run writes, which makes the next turn ready. `counts` holds the skip counts (`skipped_existing`,
-    `skipped_too_long`, `skipped_malformed`, `skipped_no_history`: a later turn whose earlier answer is
-    missing or answered a different text under the same id). A repeated record id is answered once, from its
-    first record that fits the cap.
+    `skipped_too_long`, `skipped_too_short` (under `min_prompt_tokens`), `skipped_malformed`,
+    `skipped_no_history`: a later turn whose earlier answer is missing or answered a different text under the
+    same id). A repeated record id is answered once, from its first record that fits the caps.
     """
 
     def __init__(
         self, tokenizer: Any, prompts: PromptSet, answers: dict[str, Answered], max_prompt_tokens: int,
         limit: int | None = None, system: str | None = None, chat_template: str = "auto", turns: str = "first",
+        min_prompt_tokens: int = 0,
     ):
         if turns not in TURN_CHOICES:
             raise ValueError(f"turns={turns!r}: pass one of {', '.join(TURN_CHOICES)}")
+        if min_prompt_tokens > max_prompt_tokens:
+            raise ValueError(f"--min-prompt-tokens {min_prompt_tokens} is over --max-prompt-tokens "
+                             f"{max_prompt_tokens}: no prompt could be answered; lower the one or raise the other")
         self.tokenizer, self.answers, self.max_prompt_tokens = tokenizer, answers, max_prompt_tokens
+        self.min_prompt_tokens = min_prompt_tokens
         self.system, self.chat_template = system, chat_template
         self.records = prompts.records[:limit]
         self.last_turn = 1 if turns == "first" else max((len(r.turns) for r in self.records), default=1)
@@ -86,7 +91,8 @@ class TurnPlan:
     @property
     def extra_counts(self) -> tuple[str, ...]:
         """The counts a multi-turn run reports besides the usual ones (`regen.summarize`'s `extra`)."""
-        return ("skipped_no_history",) if self.last_turn > 1 else ()
+        return (("skipped_no_history",) if self.last_turn > 1 else ()) + (
+            ("skipped_too_short",) if self.min_prompt_tokens else ())
 
     def __iter__(self) -> Iterator[list[TurnPrompt]]:
         """Each turn's pending prompts in source order; a turn's list is built only once the previous one
@@ -120,9 +126,11 @@ class TurnPlan:
             item = self._prompt(record, turn)
             if item is None:
                 continue
-            if len(item.prompt_ids) > self.max_prompt_tokens:
-                self._cut.add(index)
-                self.counts["skipped_too_long"] += min(len(record.turns), self.last_turn) - turn + 1
+            length = len(item.prompt_ids)
+            if not self.min_prompt_tokens <= length <= self.max_prompt_tokens:
+                self._cut.add(index)  # the later turns need this one's answer
+                reason = "skipped_too_long" if length > self.max_prompt_tokens else "skipped_too_short"
+                self.counts[reason] += min(len(record.turns), self.last_turn) - turn + 1
                 if turn == 1:
                     taken.discard(record.id)  # a repeated id may still be answered from a later record
                 continue
