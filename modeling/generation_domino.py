@@ -113,6 +113,9 @@ def drafting_settings(config, generation_config) -> dict:
     threshold = generation_config.assistant_confidence_threshold
     if threshold is None or threshold == defaults.get("assistant_confidence_threshold"):
         threshold = getattr(config, "draft_confidence_threshold", 0.0) or 0.0
+    backoff = getattr(generation_config, "draft_backoff", None)  # None: unset
+    if backoff is None:
+        backoff = getattr(config, "draft_backoff", True)
     lookup = generation_config.prompt_lookup_num_tokens
     if lookup is None:
         lookup = getattr(config, "context_lookup_tokens", DEFAULT_LOOKUP_TOKENS)
@@ -127,7 +130,7 @@ def drafting_settings(config, generation_config) -> dict:
         "lookup_ngram": int(generation_config.max_matching_ngram_size or DEFAULT_LOOKUP_NGRAM),
         "measure_cost": bool(getattr(config, "measure_verify_cost", False)),
         "cut_spans": bool(getattr(config, "cut_lookup_spans", False)),
-        "backoff": bool(getattr(generation_config, "draft_backoff", getattr(config, "draft_backoff", True))),
+        "backoff": bool(backoff),
     }
 
 
