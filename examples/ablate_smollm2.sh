@@ -24,12 +24,16 @@ ROUND3_DATA="$ROUND2_DATA data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202
 # Round 4 (session 13): stream c, the questions SmolLM2 wrote itself and its answers (3,000 records, 598k tokens),
 # grown into the same folder: 20,969 records, 3.63M response tokens.
 ROUND4_DATA="$ROUND3_DATA data/regen/c-20261203-0.jsonl.gz"
-DATA="${DATA:-$ROUND4_DATA}"   # space-separated JSONL(.gz) files
+# Round 5 (session 14): stream b's shards of 2026-12-03 and stream d's (ShareGPT first turns of 769-2,048
+# tokens: documents to summarise or rewrite), grown into the same folder: 22,881 records.
+ROUND5_DATA="$ROUND4_DATA data/regen/b-20261203-0.jsonl.gz data/regen/b-20261203-1.jsonl.gz
+  data/regen/d-20261203-0.jsonl.gz data/regen/d-20261203-1.jsonl.gz"
+DATA="${DATA:-$ROUND5_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
 # grew it (round-2 arms still train on its first 16,730 records: `DATA="$ROUND2_DATA"` and `FEATURES` of a copy).
 FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
-OUT="${OUT:-$CACHE/ablations-round4}"
+OUT="${OUT:-$CACHE/ablations-round5}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
 PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
@@ -39,6 +43,7 @@ KL_FEATURES="${KL_FEATURES:-$FEATURES}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
 EVAL_PROMPTS="${EVAL_PROMPTS:-8}"   # per set
 EVAL_TOKENS="${EVAL_TOKENS:-96}"
+EVAL="${EVAL:-1}"   # 0: train only (judge by examples/replay_tau.py first, then bench the arms worth it)
 
 SHIPPED=drafts/smollm2-135m-instruct-domino
 arm_options() {  # the lever each arm changes; everything else is the shipped recipe
@@ -61,6 +66,10 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # round 4: the same two from the shipped draft on round 4's data (stream c added), another seed
     warm4) echo "--init from:$SHIPPED --lr 3e-4 --seed 3" ;;
     warm4_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 3 --draft-vocab-size 16384" ;;
+    # round 5: a pass over round 5's data from the shipped draft (round 4's `warm4`), and the same draft
+    # deepened to 3 layers first (the new layer starts as identity: `--num-layers` with `--init from:`)
+    warm5) echo "--init from:$SHIPPED --lr 3e-4 --seed 4" ;;
+    deep5) echo "--init from:$SHIPPED --num-layers 3 --lr 3e-4 --seed 4" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -93,7 +102,7 @@ for arm in $ARMS; do
       --save-steps "$SAVE_STEPS" --logging-steps 50 --resume \
       --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
   fi
-  if [ ! -f "$run/eval/heldout.json" ]; then
+  if [ "$EVAL" = 1 ] && [ ! -f "$run/eval/heldout.json" ]; then
     domino bench --target smollm2 --draft "$run/final" --methods autoregressive,domino_no_lookup,dflash,domino \
       --prompts "$EVAL_SETS" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
       --no-plots --no-progress --overwrite_output_dir

@@ -413,3 +413,42 @@ def test_a_continued_draft_grows_its_sub_vocabulary(target, tmp_path, monkeypatc
     assert DominoDraftModel.from_pretrained(tmp_path / "grown" / "final").config.draft_vocab_size == 20
     assert main([*argv, *from_small, "--draft-vocab-size", "8", "--out", str(tmp_path / "shrunk")]) == 2
     assert "can only grow" in caplog.text and not (tmp_path / "shrunk" / "final").exists()
+
+
+def test_a_continued_draft_deepens_without_changing_its_output(target, tmp_path, monkeypatch, caplog):
+    """`--init from:DIR --num-layers N` adds layers that start as identity: the deepened draft computes exactly
+    what the shallow one did (so no training is lost), its new residual outputs then train, and it stays
+    lossless; a shallower N is refused."""
+    import domino_hf.targets
+    from domino_hf.cli import main
+    from domino_hf.training.recipe import grow_draft_layers
+
+    data = write_regen(tmp_path / "d.jsonl", target, count=8)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    argv = ["train", "--target", "tiny", "--data", str(data), "--num-anchors", "4", "--max-steps", "3",
+            "--save-steps", "100", "--lr", "1e-2"]
+    assert main([*argv, "--num-layers", "1", "--block-size", "4", "--out", str(tmp_path / "shallow")]) == 0
+    shallow = DominoDraftModel.from_pretrained(tmp_path / "shallow" / "final").eval()
+    deep = DominoDraftModel.from_pretrained(tmp_path / "shallow" / "final").eval()
+    assert grow_draft_layers(deep, 3) == 2 and len(deep.layers) == deep.config.num_hidden_layers == 3
+    generator = torch.Generator().manual_seed(0)
+    block = torch.randn(2, 4, deep.config.hidden_size, generator=generator)
+    context = torch.randn(2, 6, len(deep.config.target_layer_ids) * deep.config.target_hidden_size,
+                          generator=generator)
+    inputs = dict(block_embeds=block, block_position_ids=torch.arange(6, 10).expand(2, 4),
+                  target_hidden_states=context, context_position_ids=torch.arange(6).expand(2, 6))
+    with torch.no_grad():
+        assert torch.equal(deep(**inputs).last_hidden_state, shallow(**inputs).last_hidden_state)
+
+    caplog.set_level(logging.INFO, logger="domino_hf")
+    from_shallow = ["--init", f"from:{tmp_path / 'shallow' / 'final'}"]
+    assert main([*argv, *from_shallow, "--num-layers", "2", "--out", str(tmp_path / "deep")]) == 0
+    assert "deepened by 1 layer(s) to 2" in caplog.text
+    trained = DominoDraftModel.from_pretrained(tmp_path / "deep" / "final").eval()
+    assert trained.config.num_hidden_layers == 2 and trained.layers[1].self_attn.o_proj.weight.abs().sum() > 0
+    prompt = torch.tensor([[1, 5, 9, 2, 7]])
+    expected = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    assert target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=trained).equal(expected)
+    assert main([*argv, "--init", f"from:{tmp_path / 'deep' / 'final'}", "--num-layers", "1",
+                 "--out", str(tmp_path / "shallower")]) == 2
+    assert "can only grow" in caplog.text and not (tmp_path / "shallower" / "final").exists()

@@ -7,6 +7,7 @@ Runs unchanged as one CPU process (`domino train …`) or N processes (`accelera
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import os
@@ -130,6 +131,28 @@ def grow_draft_vocab(draft: DominoDraftModel, dataset: RegenDataset, size: int) 
     return coverage
 
 
+def grow_draft_layers(draft: DominoDraftModel, num_layers: int) -> int:
+    """Deepen a continued draft to `num_layers` decoder layers without changing what it computes; returns the
+    layers added. Each new layer goes on top as a copy of the last one with its two residual outputs (attention
+    `o_proj`, MLP `down_proj`) zeroed, so it adds nothing until training moves them.
+
+    Why: passes of more data over the same two layers saturate (docs/training.md, rounds 3-4), while a deeper
+    draft trained from random weights starts far behind; growing keeps what the shallow draft learnt."""
+    have = draft.config.num_hidden_layers
+    if num_layers < have:
+        raise ValueError(f"--num-layers {num_layers}: the draft in --init from: has {have} layers; a continued "
+                         "draft can only grow. Train a fresh draft (--init random) to make it shallower.")
+    for _ in range(num_layers - have):
+        layer = copy.deepcopy(draft.layers[-1])
+        for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            torch.nn.init.zeros_(projection.weight)
+            if projection.bias is not None:
+                torch.nn.init.zeros_(projection.bias)
+        draft.layers.append(layer)
+    draft.config.num_hidden_layers = num_layers
+    return num_layers - have
+
+
 def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings: TrainSettings, tau_probe=None):
     """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
     on_gpu = torch.cuda.is_available()
@@ -208,7 +231,11 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
         help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the "
              "target (head sized by `head_sizes_for`).",
     )
-    draft.add_argument("--num-layers", type=int, default=None, help="Draft decoder layers (default 1 when derived).")
+    draft.add_argument(
+        "--num-layers", type=int, default=None,
+        help="Draft decoder layers (default 1 when derived). With --init from:DIR, a larger number deepens that "
+             "draft (the new layers start as identity).",
+    )
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument(
         "--draft-vocab-size", type=int, default=None,
@@ -380,14 +407,20 @@ def run(args) -> int:
     config = None if args.init.startswith("from:") else config_from_args(args, target, tokenizer, dataset)
     draft = build_draft(target, tokenizer, init=args.init, config=config)
     resized = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
-    if args.init.startswith("from:") and resized:  # grows, or names why it cannot
+    deepened = args.num_layers and args.num_layers != draft.config.num_hidden_layers
+    if args.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
         try:
-            coverage = grow_draft_vocab(draft, dataset, args.draft_vocab_size)
+            if deepened:
+                added = grow_draft_layers(draft, args.num_layers)
+                logger.info("Draft deepened by %d layer(s) to %d (new layers add nothing until trained)",
+                            added, args.num_layers)
+            if resized:
+                coverage = grow_draft_vocab(draft, dataset, args.draft_vocab_size)
+                logger.info("Draft sub-vocabulary grown to %d tokens: they cover %.2f%% of the data's response "
+                            "tokens", draft.config.draft_vocab_size, 100 * coverage)
         except ValueError as err:
             logger.error("%s", err)
             return 2
-        logger.info("Draft sub-vocabulary grown to %d tokens: they cover %.2f%% of the data's response tokens",
-                    draft.config.draft_vocab_size, 100 * coverage)
     try:
         if args.features:
             dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids),
