@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 ROW_CANDIDATES = (1, 2)  # few-token forwards (plain steps); verifies of more tokens stay packed
 COLD_BYTES = 64 * 2**20  # timed weights span more than a CPU cache
-STOCK_MARGIN = 0.9  # stock kernels take a row count only when ≥ 10% faster there: close calls stay packed
+STOCK_MARGIN = 0.9  # packed kernels take a 1-2-row forward only when ≥ 10% faster there: close calls stay stock
 _warned_devices: set[str] = set()
 _dtype_support: dict[torch.dtype, bool] = {}
 _stock_rows: dict[tuple, int] = {}  # (out, in, dtype, threads) -> calibrated `stock_rows`
@@ -76,9 +76,14 @@ def _median_seconds(run, repeats: int) -> float:
 
 
 def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None) -> int:
-    """The largest forward length (rows, from `ROW_CANDIDATES`) up to which the stock kernel beats the packed
-    one by `STOCK_MARGIN` on this CPU for a weight of this shape and dtype, at the current thread count; 0 when
-    packed wins from 1 row. Timed once per process and shape (interleaved medians, well under a second).
+    """The largest forward length (rows, from `ROW_CANDIDATES`) up to which the stock kernel stays on this CPU
+    for a weight of this shape and dtype, at the current thread count: the packed one takes over from the
+    first row count where it is faster by `STOCK_MARGIN`; 0 when it is from 1 row. Timed once per process and
+    shape (interleaved medians, well under a second).
+
+    Close calls go to stock because 1-2-row forwards are plain decoding steps, which stock transformers runs
+    on stock kernels: with the margin the other way, timing noise on a busy machine left a third of SmolLM2's
+    layers packed at 1 row in one run, and plain decoding on "optimized" kernels 15% slower than stock.
 
     Why: which GEMM wins for few rows depends on the CPU. On the AVX-512 machines of docs/cpu_kernels.md the
     packed kernels won from 1 row; on an AMX machine MKL's 1-row path is faster for every layer of SmolLM2
@@ -108,7 +113,7 @@ def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None)
                 for _ in range(3):  # interleaved rounds: a drift of a shared machine hits both
                     stock_s.append(_median_seconds(stock, repeats))
                     packed_s.append(_median_seconds(packed, repeats))
-                if statistics.median(stock_s) > STOCK_MARGIN * statistics.median(packed_s):
+                if statistics.median(packed_s) < STOCK_MARGIN * statistics.median(stock_s):
                     break
                 stock_rows = rows
         _stock_rows[key] = stock_rows

@@ -25,7 +25,7 @@ ROUND3_DATA="$ROUND2_DATA data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202
 # grown into the same folder: 20,969 records, 3.63M response tokens.
 ROUND4_DATA="$ROUND3_DATA data/regen/c-20261203-0.jsonl.gz"
 # Round 5 (session 14): stream b's shards of 2026-12-03 and stream d's (ShareGPT first turns of 769-2,048
-# tokens: documents to summarise or rewrite), grown into the same folder: 22,881 records.
+# tokens: documents to summarise or rewrite), grown into the same folder: 22,874 records (7 repeated prompts dropped).
 ROUND5_DATA="$ROUND4_DATA data/regen/b-20261203-0.jsonl.gz data/regen/b-20261203-1.jsonl.gz
   data/regen/d-20261203-0.jsonl.gz data/regen/d-20261203-1.jsonl.gz"
 DATA="${DATA:-$ROUND5_DATA}"   # space-separated JSONL(.gz) files

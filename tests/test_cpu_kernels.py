@@ -118,6 +118,24 @@ def test_few_token_forwards_keep_the_stock_kernel_where_it_is_faster(monkeypatch
     assert "stock_rows" not in layer[0].__dict__
 
 
+@pytest.mark.parametrize(("packed_over_stock", "expected"), [
+    ({1: 0.95, 2: 0.95}, 2),  # close calls stay stock: plain decoding steps run as in stock transformers
+    ({1: 0.8, 2: 0.8}, 0),  # packed clearly faster from 1 row
+    ({1: 1.3, 2: 0.8}, 1),  # stock faster at 1 row only
+])
+def test_calibration_hands_few_rows_to_packed_only_when_clearly_faster(monkeypatch, packed_over_stock, expected):
+    import domino_hf.cpu_kernels as kernels
+
+    monkeypatch.setattr(kernels, "_stock_rows", {})
+
+    def timed(fn, repeats):  # the decision rule alone, on given timings: stock 1 ms a call
+        rows = fn.__defaults__[0].shape[0]
+        return 1e-3 * (packed_over_stock[rows] if fn.__name__ == "packed" else 1.0)
+
+    monkeypatch.setattr(kernels, "_median_seconds", timed)
+    assert kernels.calibrate_stock_rows(torch.randn(24, 40)) == expected
+
+
 def test_gradients_flow_through_the_stock_path():
     model = optimize_for_cpu(nn.Sequential(nn.Linear(8, 4)))
     reference = copy.deepcopy(model)
