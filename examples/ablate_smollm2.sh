@@ -28,12 +28,14 @@ ROUND4_DATA="$ROUND3_DATA data/regen/c-20261203-0.jsonl.gz"
 # tokens: documents to summarise or rewrite), grown into the same folder: 22,874 records (7 repeated prompts dropped).
 ROUND5_DATA="$ROUND4_DATA data/regen/b-20261203-0.jsonl.gz data/regen/b-20261203-1.jsonl.gz
   data/regen/d-20261203-0.jsonl.gz data/regen/d-20261203-1.jsonl.gz"
-DATA="${DATA:-$ROUND5_DATA}"   # space-separated JSONL(.gz) files
+# Round 6 (session 14, measured next session): the two shards written during session 14, grown in.
+ROUND6_DATA="$ROUND5_DATA data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz"
+DATA="${DATA:-$ROUND6_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
 # grew it (round-2 arms still train on its first 16,730 records: `DATA="$ROUND2_DATA"` and `FEATURES` of a copy).
 FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
-OUT="${OUT:-$CACHE/ablations-round5}"
+OUT="${OUT:-$CACHE/ablations-round6}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
 PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
@@ -70,6 +72,10 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # deepened to 3 layers first (the new layer starts as identity: `--num-layers` with `--init from:`)
     warm5) echo "--init from:$SHIPPED --lr 3e-4 --seed 4" ;;
     deep5) echo "--init from:$SHIPPED --num-layers 3 --lr 3e-4 --seed 4" ;;
+    # round 6: a pass from the shipped round-5 draft (`warm5`), and the same deepened to 3 layers with the new
+    # layer at 10x the rate (in deep5 it stayed ~10x smaller than the trained ones after 3,000 steps)
+    warm6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5" ;;
+    deep6) echo "--init from:$SHIPPED --num-layers 3 --new-layer-lr-scale 10 --lr 3e-4 --seed 5" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }

@@ -452,3 +452,35 @@ def test_a_continued_draft_deepens_without_changing_its_output(target, tmp_path,
     assert main([*argv, "--init", f"from:{tmp_path / 'deep' / 'final'}", "--num-layers", "1",
                  "--out", str(tmp_path / "shallower")]) == 2
     assert "can only grow" in caplog.text and not (tmp_path / "shallower" / "final").exists()
+
+
+def test_layers_added_to_a_continued_draft_can_train_at_a_larger_rate(target, tmp_path, monkeypatch, caplog):
+    """`--new-layer-lr-scale S` puts the deepened draft's new layers in optimizer groups of their own at S × the
+    learning rate (the schedule scales all groups alike); everything else keeps the base rate. Misuse is refused."""
+    import domino_hf.targets
+    from domino_hf.cli import main
+    from domino_hf.training import recipe
+
+    data = write_regen(tmp_path / "d.jsonl", target, count=8)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    argv = ["train", "--target", "tiny", "--data", str(data), "--num-anchors", "4", "--max-steps", "2",
+            "--save-steps", "100", "--lr", "1e-3"]
+    assert main([*argv, "--num-layers", "1", "--block-size", "4", "--out", str(tmp_path / "shallow")]) == 0
+    trainers = []
+    real_train_draft = recipe.train_draft
+    monkeypatch.setattr(recipe, "train_draft", lambda *a, **k: trainers.append(real_train_draft(*a, **k)) or
+                        trainers[-1])
+    from_shallow = ["--init", f"from:{tmp_path / 'shallow' / 'final'}", "--num-layers", "2"]
+    assert main([*argv, *from_shallow, "--new-layer-lr-scale", "10", "--out", str(tmp_path / "deep")]) == 0
+    trainer = trainers[-1]
+    new_layer = {id(p) for p in trainer.model.draft.layers[1].parameters()}
+    groups = trainer.optimizer.param_groups
+    scaled = [g for g in groups if any(id(p) in new_layer for p in g["params"])]
+    rest = [g for g in groups if g not in scaled]
+    assert scaled and rest and all(id(p) in new_layer for g in scaled for p in g["params"])
+    assert sum(len(g["params"]) for g in scaled) == len(new_layer)
+    assert {g["initial_lr"] for g in scaled} == {1e-2} and {g["initial_lr"] for g in rest} == {1e-3}
+    caplog.set_level(logging.ERROR, logger="domino_hf")
+    assert main([*argv, "--new-layer-lr-scale", "10", "--out", str(tmp_path / "fresh")]) == 2
+    assert main([*argv, *from_shallow, "--new-layer-lr-scale", "0", "--out", str(tmp_path / "zero")]) == 2
+    assert caplog.text.count("applies only to the layers --num-layers adds") == 2

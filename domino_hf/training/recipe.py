@@ -7,7 +7,6 @@ Runs unchanged as one CPU process (`domino train …`) or N processes (`accelera
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import logging
 import os
@@ -25,6 +24,7 @@ from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_train
 from .decontaminate import BenchmarkFilter
 from .distill import DEFAULT_TOPK, LOSSES
 from .features import CONFIG, FeatureStore, NonFiniteFeatures
+from .grow import grow_draft_layers, grow_draft_vocab
 from .objective import DominoObjective
 from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
 from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining
@@ -59,6 +59,8 @@ class TrainSettings:
     resume: bool | str = False  # True: the newest complete checkpoint in output_dir; a str: that checkpoint
     bf16: bool | None = None  # None: on when a GPU supports it
     group_by_length: bool = False  # batches of similar lengths (LengthGroupedEpochSampler): less padding
+    scaled_lr_layers: tuple[int, ...] = ()  # draft layers trained at `layer_lr_scale` × the learning rate
+    layer_lr_scale: float = 1.0
 
 
 def init_from_target_layers(draft: DominoDraftModel, target) -> int:
@@ -108,51 +110,6 @@ def build_draft(target, tokenizer, config_path=None, init="random", config=None,
     return draft
 
 
-def grow_draft_vocab(draft: DominoDraftModel, dataset: RegenDataset, size: int) -> float:
-    """Widen a continued draft's sub-vocabulary to `size` tokens: its own ids kept, then the data's most frequent
-    others (`build_draft_vocab`). Returns the new coverage of the data's response tokens.
-
-    Why this is cheap: the draft owns no LM head (the target's rows are selected at run time), so a new token's
-    base logit is meaningful at once; only the head correction's output layer (W2, rank × V) has a row per
-    token, and a new row starts at zero (no correction) for training to fill in."""
-    old = draft.config.draft_vocab_ids
-    if old is None or size < len(old):
-        have = "the full vocabulary" if old is None else f"{len(old)} tokens"
-        raise ValueError(f"--draft-vocab-size {size}: the draft in --init from: predicts over {have}; a continued "
-                         "draft's sub-vocabulary can only grow. Train a fresh draft (--init random) to shrink it.")
-    ids, coverage = build_draft_vocab(dataset, size, always=tuple(old))
-    if hasattr(draft, "embed_proj"):  # the head correction
-        w2 = draft.embed_proj[2].weight.data  # (V_old, r)
-        grown = w2.new_zeros(len(ids), w2.shape[1])  # (V_new, r)
-        grown[torch.searchsorted(torch.tensor(ids), torch.tensor(old))] = w2
-        draft.embed_proj[2] = torch.nn.Linear(w2.shape[1], len(ids), bias=False, dtype=w2.dtype)
-        draft.embed_proj[2].weight.data = grown
-    draft.config.draft_vocab_ids = ids
-    return coverage
-
-
-def grow_draft_layers(draft: DominoDraftModel, num_layers: int) -> int:
-    """Deepen a continued draft to `num_layers` decoder layers without changing what it computes; returns the
-    layers added. Each new layer goes on top as a copy of the last one with its two residual outputs (attention
-    `o_proj`, MLP `down_proj`) zeroed, so it adds nothing until training moves them.
-
-    Why: passes of more data over the same two layers saturate (docs/training.md, rounds 3-4), while a deeper
-    draft trained from random weights starts far behind; growing keeps what the shallow draft learnt."""
-    have = draft.config.num_hidden_layers
-    if num_layers < have:
-        raise ValueError(f"--num-layers {num_layers}: the draft in --init from: has {have} layers; a continued "
-                         "draft can only grow. Train a fresh draft (--init random) to make it shallower.")
-    for _ in range(num_layers - have):
-        layer = copy.deepcopy(draft.layers[-1])
-        for projection in (layer.self_attn.o_proj, layer.mlp.down_proj):
-            torch.nn.init.zeros_(projection.weight)
-            if projection.bias is not None:
-                torch.nn.init.zeros_(projection.bias)
-        draft.layers.append(layer)
-    draft.config.num_hidden_layers = num_layers
-    return num_layers - have
-
-
 def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings: TrainSettings, tau_probe=None):
     """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
     on_gpu = torch.cuda.is_available()
@@ -193,6 +150,8 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         tau_probe=tau_probe,
         kl_topk=settings.kl_topk,
         callbacks=[EpochCallback(dataset)],
+        scaled_lr_parameters=[p for i in settings.scaled_lr_layers for p in draft.layers[i].parameters()],
+        lr_scale=settings.layer_lr_scale,
     )
     resume = last_complete_checkpoint(settings.output_dir) if settings.resume is True else settings.resume or None
     if resume:
@@ -235,6 +194,11 @@ def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-layers", type=int, default=None,
         help="Draft decoder layers (default 1 when derived). With --init from:DIR, a larger number deepens that "
              "draft (the new layers start as identity).",
+    )
+    draft.add_argument(
+        "--new-layer-lr-scale", type=float, default=1.0,
+        help="Learning-rate multiplier for the layers --num-layers adds to an --init from: draft (they start at "
+             "zero output and at a fine-tuning rate barely move in a round).",
     )
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument(
@@ -390,6 +354,10 @@ def run(args) -> int:
         logger.error("--kl-topk must be >= 1 and --kl-temperature > 0 (got %s and %s)", args.kl_topk,
                      args.kl_temperature)
         return 2
+    if not args.new_layer_lr_scale > 0 or (args.new_layer_lr_scale != 1.0 and not args.init.startswith("from:")):
+        logger.error("--new-layer-lr-scale %s: it must be > 0, and it applies only to the layers --num-layers adds "
+                     "to an --init from:DIR draft", args.new_layer_lr_scale)
+        return 2
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config, features=args.features,
                       resume_from_checkpoint=args.resume if isinstance(args.resume, str) else None)
@@ -408,9 +376,11 @@ def run(args) -> int:
     draft = build_draft(target, tokenizer, init=args.init, config=config)
     resized = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
     deepened = args.num_layers and args.num_layers != draft.config.num_hidden_layers
+    new_layers = ()
     if args.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
         try:
             if deepened:
+                new_layers = tuple(range(draft.config.num_hidden_layers, args.num_layers))
                 added = grow_draft_layers(draft, args.num_layers)
                 logger.info("Draft deepened by %d layer(s) to %d (new layers add nothing until trained)",
                             added, args.num_layers)
@@ -438,6 +408,7 @@ def run(args) -> int:
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
         seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
         kl_temperature=args.kl_temperature, bf16=args.bf16, group_by_length=args.group_by_length,
+        scaled_lr_layers=new_layers, layer_lr_scale=args.new_layer_lr_scale,
     )
     try:
         trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)

@@ -47,9 +47,11 @@ class DominoTrainer(Trainer):
     batches carry them (cached by `domino features --kl-topk`)."""
 
     def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, kl_topk: int = DEFAULT_TOPK,
-                 **kwargs):
+                 scaled_lr_parameters=(), lr_scale: float = 1.0, **kwargs):
         super().__init__(*args, **kwargs)
         self.kl_topk = kl_topk
+        self.scaled_lr_parameters = {id(p) for p in scaled_lr_parameters}
+        self.lr_scale = lr_scale
         self.target = target.to(self.args.device).eval().requires_grad_(False)
         draft = self.model.draft
         if is_optimized(draft):  # packed copies are inference-only: free them rather than repack every step
@@ -62,6 +64,21 @@ class DominoTrainer(Trainer):
         self._metric_count = 0
         self._tokens = 0
         self._window_start = time.perf_counter()
+
+    def create_optimizer(self, model=None):
+        """Trainer's optimizer, with `scaled_lr_parameters` moved into groups of their own at `lr_scale` × the
+        learning rate (the schedule then scales every group alike). Why: layers added to a trained draft start
+        at zero and at the draft's fine-tuning rate stay a small correction for a whole round."""
+        optimizer = super().create_optimizer(model)
+        if not self.scaled_lr_parameters or self.lr_scale == 1.0:
+            return optimizer
+        for group in list(optimizer.param_groups):
+            scaled = [p for p in group["params"] if id(p) in self.scaled_lr_parameters]
+            if scaled:
+                group["params"] = [p for p in group["params"] if id(p) not in self.scaled_lr_parameters]
+                optimizer.add_param_group({**group, "params": scaled, "lr": group["lr"] * self.lr_scale})
+        optimizer.param_groups[:] = [g for g in optimizer.param_groups if g["params"]]
+        return optimizer
 
     def _get_train_sampler(self, train_dataset=None):
         """`train_sampling_strategy="group_by_length"` from the examples' token counts (Trainer would load every
