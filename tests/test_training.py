@@ -483,4 +483,6 @@ def test_layers_added_to_a_continued_draft_can_train_at_a_larger_rate(target, tm
     caplog.set_level(logging.ERROR, logger="domino_hf")
     assert main([*argv, "--new-layer-lr-scale", "10", "--out", str(tmp_path / "fresh")]) == 2
     assert main([*argv, *from_shallow, "--new-layer-lr-scale", "0", "--out", str(tmp_path / "zero")]) == 2
-    assert caplog.text.count("applies only to the layers --num-layers adds") == 2
+    assert main([*argv, *from_shallow[:2], "--new-layer-lr-scale", "10", "--out", str(tmp_path / "same")]) == 2
+    assert caplog.text.count("applies only to the layers --num-layers adds") == 3 and "adds none" in caplog.text
+    assert not any((tmp_path / name).exists() for name in ("fresh", "zero", "same"))

@@ -377,6 +377,11 @@ def run(args) -> int:
     resized = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
     deepened = args.num_layers and args.num_layers != draft.config.num_hidden_layers
     new_layers = ()
+    if args.new_layer_lr_scale != 1.0 and not deepened:
+        logger.error("--new-layer-lr-scale %s: it applies only to the layers --num-layers adds to an --init from:DIR "
+                     "draft, and --num-layers %s adds none to this %d-layer draft", args.new_layer_lr_scale,
+                     args.num_layers, draft.config.num_hidden_layers)
+        return 2
     if args.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
         try:
             if deepened:
