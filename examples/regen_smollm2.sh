@@ -7,6 +7,10 @@
 #   python examples/regen_shards.py export                       # at the end of a session: commit new answers
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v domino > /dev/null; then   # started with nohup from a shell without the venv: use the repo's
+  if [ -x .venv/bin/domino ]; then PATH="$PWD/.venv/bin:$PATH"; else
+    echo "regen_smollm2.sh: no \`domino\` on PATH: pip install -e '.[offline]' first" >&2; exit 2; fi
+fi
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"   # as domino_hf.utils.cache_dir
 mkdir -p "$CACHE/data"
 python examples/regen_shards.py seed
