@@ -17,7 +17,8 @@ from domino_hf.training.dataset import AnchorCollator, LengthGroupedEpochSampler
 from domino_hf.training.export import export_draft
 from domino_hf.training.objective import block_attention_mask, curriculum_lambda, position_weights
 from domino_hf.training.checkpoint import last_complete_checkpoint
-from domino_hf.training.recipe import TrainSettings, build_draft, grow_draft_vocab, train_draft
+from domino_hf.training.grow import grow_draft_layers, grow_draft_vocab
+from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 from domino_hf.modeling import DominoDraftModel
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -421,7 +422,6 @@ def test_a_continued_draft_deepens_without_changing_its_output(target, tmp_path,
     lossless; a shallower N is refused."""
     import domino_hf.targets
     from domino_hf.cli import main
-    from domino_hf.training.recipe import grow_draft_layers
 
     data = write_regen(tmp_path / "d.jsonl", target, count=8)
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
