@@ -147,16 +147,19 @@ class StopAt(TrainerCallback):
             control.should_training_stop = True
 
 
-@pytest.mark.parametrize("group_by_length", [False, True])
-def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeypatch, group_by_length):
+@pytest.mark.parametrize("group_by_length,regularised", [(False, False), (True, False), (False, True)])
+def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeypatch, group_by_length, regularised):
+    """A killed run resumed from its last complete checkpoint ends where an unbroken one does; with the
+    regularisers too (the feature noise comes from the RNG state that checkpoints carry)."""
     data = write_regen(tmp_path / "d.jsonl", target, count=12)
+    regularisers = dict(weight_decay=0.1, feature_noise=0.2) if regularised else {}
 
     def run(out, stop_at=None, resume=False):
         dataset = RegenDataset.from_jsonl(data)
         draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
         settings = TrainSettings(output_dir=str(out), max_steps=10, batch_size=4, num_anchors=8,
                                  learning_rate=3e-3, save_steps=4, logging_steps=5, resume=resume,
-                                 group_by_length=group_by_length)
+                                 group_by_length=group_by_length, **regularisers)
         if stop_at:  # simulate the kill: stop right after the step-4 checkpoint
             from domino_hf.training import recipe as train_module
 
@@ -486,3 +489,38 @@ def test_layers_added_to_a_continued_draft_can_train_at_a_larger_rate(target, tm
     assert main([*argv, *from_shallow[:2], "--new-layer-lr-scale", "10", "--out", str(tmp_path / "same")]) == 2
     assert caplog.text.count("applies only to the layers --num-layers adds") == 3 and "adds none" in caplog.text
     assert not any((tmp_path / name).exists() for name in ("fresh", "zero", "same"))
+
+
+def test_feature_noise_perturbs_training_only_and_bad_regularisers_are_refused(target, tmp_path, monkeypatch, caplog):
+    """`--feature-noise σ` multiplies the context features by (1 + σ·N(0, 1)) in training steps only: same
+    features, different loss while training, the exact loss in eval mode. Out-of-range values are refused."""
+    import domino_hf.targets
+    from domino_hf.cli import main
+    from domino_hf.training.trainer import DominoTrainer
+
+    dataset = RegenDataset.from_jsonl(write_regen(tmp_path / "d.jsonl", target, count=4))
+    draft = build_draft(target, None, num_hidden_layers=1, block_size=4, gru_hidden_dim=16, correction_rank=8)
+    settings = TrainSettings(output_dir=str(tmp_path / "run"), max_steps=0, num_anchors=8, feature_noise=0.3)
+    trainer = train_draft(target, draft, dataset, settings)
+    assert isinstance(trainer, DominoTrainer) and trainer.feature_noise == 0.3
+    batch = trainer.data_collator([dataset[i] for i in range(4)])
+    features = torch.full((4, 64, 96), 1000.0)
+    noisy = trainer.noisy(features)
+    assert noisy.shape == features.shape and 0.28 < (noisy / features - 1).std() < 0.32
+    trainer.model.train()
+    assert trainer.compute_loss(trainer.model, batch) != trainer.compute_loss(trainer.model, batch)
+    trainer.model.eval()
+    assert trainer.compute_loss(trainer.model, batch) == trainer.compute_loss(trainer.model, batch)
+    trainer.feature_noise = 0.0
+    assert trainer.compute_loss(trainer.model, batch) == trainer.compute_loss(trainer.model.train(), batch)
+
+    with pytest.raises(ValueError, match="feature_noise"):
+        TrainSettings(output_dir="x", feature_noise=1.5)
+    data = write_regen(tmp_path / "d2.jsonl", target, count=4)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    caplog.set_level(logging.ERROR, logger="domino_hf")
+    argv = ["train", "--target", "tiny", "--data", str(data), "--max-steps", "1"]
+    assert main([*argv, "--weight-decay", "-1", "--out", str(tmp_path / "wd")]) == 2
+    assert main([*argv, "--feature-noise", "-0.1", "--out", str(tmp_path / "fn")]) == 2
+    assert caplog.text.count("--weight-decay, --feature-noise") == 2
+    assert not (tmp_path / "wd").exists() and not (tmp_path / "fn").exists()

@@ -61,6 +61,13 @@ class TrainSettings:
     group_by_length: bool = False  # batches of similar lengths (LengthGroupedEpochSampler): less padding
     scaled_lr_layers: tuple[int, ...] = ()  # draft layers trained at `layer_lr_scale` × the learning rate
     layer_lr_scale: float = 1.0
+    weight_decay: float = 0.0  # AdamW's, on every draft weight
+    feature_noise: float = 0.0  # σ of the multiplicative noise on the context features (DominoTrainer)
+
+    def __post_init__(self):
+        if not (self.weight_decay >= 0 and 0 <= self.feature_noise < 1):
+            raise ValueError(f"weight_decay must be >= 0 and feature_noise in [0, 1) (got {self.weight_decay} and "
+                             f"{self.feature_noise})")
 
 
 def init_from_target_layers(draft: DominoDraftModel, target) -> int:
@@ -121,7 +128,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         per_device_train_batch_size=settings.batch_size,
         gradient_accumulation_steps=settings.grad_accum,
         learning_rate=settings.learning_rate,
-        weight_decay=0.0,
+        weight_decay=settings.weight_decay,
         max_grad_norm=1.0,
         lr_scheduler_type="cosine",
         warmup_steps=settings.warmup_ratio,  # a float in [0, 1) is a ratio of the total steps
@@ -152,6 +159,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
         callbacks=[EpochCallback(dataset)],
         scaled_lr_parameters=[p for i in settings.scaled_lr_layers for p in draft.layers[i].parameters()],
         lr_scale=settings.layer_lr_scale,
+        feature_noise=settings.feature_noise,
     )
     resume = last_complete_checkpoint(settings.output_dir) if settings.resume is True else settings.resume or None
     if resume:
@@ -303,6 +311,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--kl-temperature", type=float, default=1.0, metavar="T",
         help="With --loss kl: both distributions at temperature T, the loss scaled by T².",
     )
+    recipe.add_argument(
+        "--weight-decay", "--weight_decay", dest="weight_decay", type=float, default=0.0,
+        help="AdamW weight decay (the paper's recipe: 0).",
+    )
+    recipe.add_argument(
+        "--feature-noise", type=float, default=0.0, metavar="SIGMA",
+        help="Regulariser: multiply each context feature by (1 + SIGMA·N(0, 1)) in training, so that the draft "
+             "cannot key on exact hidden-state values of the answers it has seen (0 = off; e.g. 0.1).",
+    )
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
     recipe.add_argument(
         "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
@@ -357,6 +374,11 @@ def run(args) -> int:
     if not args.new_layer_lr_scale > 0 or (args.new_layer_lr_scale != 1.0 and not args.init.startswith("from:")):
         logger.error("--new-layer-lr-scale %s: it must be > 0, and it applies only to the layers --num-layers adds "
                      "to an --init from:DIR draft", args.new_layer_lr_scale)
+        return 2
+    try:  # the settings validate themselves; checked here before the (slower) target load
+        TrainSettings(output_dir=args.out, weight_decay=args.weight_decay, feature_noise=args.feature_noise)
+    except ValueError as err:
+        logger.error("%s (--weight-decay, --feature-noise)", err)
         return 2
     try:  # missing inputs fail before the (slower) target load
         require_paths(data=args.data, config=args.config, features=args.features,
@@ -413,7 +435,8 @@ def run(args) -> int:
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
         seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
         kl_temperature=args.kl_temperature, bf16=args.bf16, group_by_length=args.group_by_length,
-        scaled_lr_layers=new_layers, layer_lr_scale=args.new_layer_lr_scale,
+        scaled_lr_layers=new_layers, layer_lr_scale=args.new_layer_lr_scale, weight_decay=args.weight_decay,
+        feature_noise=args.feature_noise,
     )
     try:
         trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)

@@ -47,8 +47,9 @@ class DominoTrainer(Trainer):
     batches carry them (cached by `domino features --kl-topk`)."""
 
     def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, kl_topk: int = DEFAULT_TOPK,
-                 scaled_lr_parameters=(), lr_scale: float = 1.0, **kwargs):
+                 scaled_lr_parameters=(), lr_scale: float = 1.0, feature_noise: float = 0.0, **kwargs):
         super().__init__(*args, **kwargs)
+        self.feature_noise = feature_noise
         self.kl_topk = kl_topk
         self.scaled_lr_parameters = {id(p) for p in scaled_lr_parameters}
         self.lr_scale = lr_scale
@@ -111,6 +112,8 @@ class DominoTrainer(Trainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         context_hidden, block_embeds, label_embeds, target_topk = self._target_inputs(inputs)
+        if self.feature_noise and model.training:
+            context_hidden = self.noisy(context_hidden)
         lam = curriculum_lambda(self.state.global_step, self.state.max_steps) if self.use_curriculum else 0.0
         out = model(
             context_hidden=context_hidden,
@@ -130,6 +133,14 @@ class DominoTrainer(Trainer):
         self._metric_count += 1
         self._tokens += int(inputs["attention_mask"].sum())
         return (out["loss"], out) if return_outputs else out["loss"]
+
+    def noisy(self, context_hidden: torch.Tensor) -> torch.Tensor:
+        """Context features × (1 + σ·N(0, 1)), elementwise. Why multiplicative: the target's layers differ in
+        scale by orders of magnitude (SmolLM2 has outlier dimensions near 25,000), so one absolute noise level would
+        drown some and not touch others. Drawn from torch's global RNG, which Trainer checkpoints: resume is
+        exact."""
+        noise = torch.randn(context_hidden.shape, device=context_hidden.device)  # (b, L, n_layers·H) float32
+        return context_hidden * (1.0 + self.feature_noise * noise).to(context_hidden.dtype)
 
     def _get_grad_norm(self, model, grad_norm=None):
         """Trainer's pre-clip gradient norm, checked before the optimizer step can write NaN into the draft."""
