@@ -34,6 +34,7 @@ BUILT_SOURCES = ("dm-math", "chatterbot", "translate", "python-docs", "python-co
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 # ShareGPT speaker names of the user side; "system" turns go to `meta["system"]`.
 _USER_SPEAKERS = {"human", "user"}
+_ASSISTANT_SPEAKERS = {"gpt", "assistant", "chatgpt"}
 _ID_KEYS = ("id", "question_id", "task_id")
 _JSON_CHUNK_CHARS = 1 << 20
 _ARRAY_SEPARATORS = re.compile(r"[\s,]*")
@@ -85,20 +86,28 @@ def _texts(values: Any, what: str) -> list[str]:
 
 
 def _chat_turns(messages: Any, role_key: str, text_key: str, meta: dict[str, Any]) -> list[str]:
-    """User turns of a `messages` / ShareGPT `conversations` list; a system turn is kept in `meta`."""
+    """User turns of a `messages` / ShareGPT `conversations` list; a system turn is kept in `meta`, and the
+    source's assistant replies in `meta["replies"]` (reply i follows user turn i; None where none does)."""
     if not isinstance(messages, list):
         raise MalformedRecord(f"{role_key!r} conversation is not a list")
-    turns = []
+    turns: list[str] = []
+    replies: list[str | None] = []
     for message in messages:
         if not isinstance(message, dict):
             raise MalformedRecord("a conversation entry is not an object")
         role = message.get(role_key)
         if role in _USER_SPEAKERS:
             turns.append(_text(message.get(text_key), "a user turn"))
+            replies.append(None)
+        elif role in _ASSISTANT_SPEAKERS and replies and replies[-1] is None:
+            text = message.get(text_key)
+            replies[-1] = text if isinstance(text, str) and text.strip() else None
         elif role == "system" and isinstance(message.get(text_key), str):
             meta.setdefault("system", message[text_key])
     if not turns:
         raise MalformedRecord("conversation has no user turn")
+    if any(reply is not None for reply in replies):
+        meta["replies"] = replies
     return turns
 
 

@@ -30,6 +30,10 @@ ROUND5_DATA="$ROUND4_DATA data/regen/b-20261203-0.jsonl.gz data/regen/b-20261203
   data/regen/d-20261203-0.jsonl.gz data/regen/d-20261203-1.jsonl.gz"
 # Round 6 (session 14, measured next session): the two shards written during session 14, grown in.
 ROUND6_DATA="$ROUND5_DATA data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz"
+# Source answers (session 15): ShareGPT's own first replies as context, labelled by the target at the first draft
+# slot (`domino regen --responses source`, written below in under a minute; not committed: the package holds them).
+SOURCE_ANSWERS="$CACHE/data/source/sharegpt-first.jsonl"
+ROUND6_SRC="$ROUND6_DATA $SOURCE_ANSWERS"
 DATA="${DATA:-$ROUND6_DATA}"   # space-separated JSONL(.gz) files
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
@@ -79,6 +83,9 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # and warm6 with a regulariser against the measured overfitting (0.4 of τ between answers trained on and
     # unseen prompts of the same source): context features × (1 + 0.1·N(0, 1)) in training
     noise6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5 --feature-noise 0.1" ;;
+    # and warm6 with the source answers added (DATA="$ROUND6_SRC" STEPS=4900: each target answer seen once, as in
+    # warm6's 3,000 steps; the 15,176 source records are extra)
+    src6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -94,6 +101,9 @@ features_for() {  # the --features option of an arm: the kl arms read the target
   echo "--features $KL_FEATURES"
 }
 
+case " $DATA " in *" $SOURCE_ANSWERS "*)
+  domino regen --responses source --prompts sharegpt --max-new-tokens 256 --max-prompt-tokens 384 --out "$SOURCE_ANSWERS" ;;
+esac
 # The context features of every arm, once (resumable: a rerun extracts the next missing shard). The target
 # runs in bf16 (its answers were written in bf16 too); layers 1, 14, 27 of the shipped config.
 # shellcheck disable=SC2086

@@ -29,6 +29,7 @@ class RegenExample:
     response_ids: list[int]
     prompt: str = ""  # the prompt's text, when the record has it (decontamination reads it)
     earlier_prompts: tuple[str, ...] = ()  # a later turn's earlier user turns (decontamination reads them too)
+    from_source: bool = False  # the response is the source's reply, not the target's (`source_answers.py`)
 
 
 @dataclass
@@ -47,8 +48,8 @@ class RegenDataset(Dataset):
         """Read context features from `store` instead of running the target, and with `kl_topk` > 0 the target's
         top-`kl_topk` next tokens too (a ValueError naming the fix when `store` lacks them); keeps the
         extracted prefix."""
-        if kl_topk:
-            store.require_topk(kl_topk)
+        if kl_topk or any(e.from_source for e in self.examples):  # source answers read the target's top-1
+            store.require_topk(max(kl_topk, 1))
         self.kl_topk = kl_topk
         available = store.available()
         if available < len(self.examples):
@@ -65,7 +66,8 @@ class RegenDataset(Dataset):
         (`earlier_prompts`); `domino train` and `domino features` apply the same filter, so feature shards stay
         aligned. A record whose `prompt_ids` an earlier one already has is dropped and counted: files of one
         target often answer the same prompts (a rerun at another dtype or length cap), and a second answer to one
-        context would only weigh it twice. The first file listed wins."""
+        context would only weigh it twice. The first file listed wins. A source-answer record (`response_from: source`)
+is never a duplicate of a target-answer one: the two give different contexts."""
         examples, skipped, excluded, duplicates, seen = [], 0, 0, 0, set()
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             with open_text(path) as handle:
@@ -79,7 +81,7 @@ class RegenDataset(Dataset):
                     if exclude is not None and any(map(exclude, (example.prompt, *example.earlier_prompts))):
                         excluded += 1
                         continue
-                    if (key := tuple(example.prompt_ids)) in seen:
+                    if (key := (example.from_source, *example.prompt_ids)) in seen:
                         duplicates += 1
                         continue
                     seen.add(key)
@@ -113,6 +115,10 @@ class RegenDataset(Dataset):
             item["features"] = self.features.get(index, length)
         if self.kl_topk:
             item["target_topk"] = self.features.get_topk(index, len(example.prompt_ids), length, self.kl_topk)
+        if example.from_source:  # its labels are the target's next tokens (`source_answers.py`)
+            item["from_source"] = True
+            if self.features is not None:
+                item["target_top1"] = self.features.get_topk(index, len(example.prompt_ids), length, 1)[0][:, 0]
         return item
 
     def num_response_tokens(self) -> int:
@@ -156,7 +162,8 @@ def _parse_line(line: str, vocab_size: int | None) -> RegenExample | None:
     earlier = record.get("earlier_prompts", [])
     if not (isinstance(earlier, list) and all(isinstance(t, str) for t in earlier)):
         return None  # a later turn whose history cannot be checked against the benchmarks is not used
-    return RegenExample(prompt_ids=prompt, response_ids=response, prompt=text, earlier_prompts=tuple(earlier))
+    return RegenExample(prompt_ids=prompt, response_ids=response, prompt=text, earlier_prompts=tuple(earlier),
+                        from_source=record.get("response_from") == "source")
 
 
 def build_draft_vocab(dataset: RegenDataset, size: int, always: tuple[int, ...] = ()) -> tuple[list[int], float]:
@@ -180,6 +187,8 @@ class AnchorCollator:
     mapped to draft-vocabulary indices (-1 = outside the sub-vocabulary, -100 = past the end / no anchor).
     Cached features come as `context_hidden` (b, L, n·H); a cached target top-k as `target_topk_ids` (b, L, K)
     target ids and `target_topk_logp` (b, L, K) log-probs, -inf at positions that have none (prompt, padding).
+    `from_source` (b,) marks source-answer records, whose labels the trainer replaces with the target's own next
+    token (cached as `target_top1` (b, L), -1 where none); see `source_answers.py`.
     """
 
     def __init__(self, config, num_anchors: int, pad_token_id: int = 0, seed: int = 0):
@@ -211,7 +220,14 @@ class AnchorCollator:
             for k, anchor in enumerate(chosen.tolist()):
                 targets = seq_t[anchor + 1 : anchor + 1 + self.num_draft]
                 labels[row, k, : len(targets)] = targets if self.vocab_map is None else self.vocab_map[targets]
-        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "anchors": anchors, "labels": labels}
+        batch = {"input_ids": input_ids, "attention_mask": attention_mask, "anchors": anchors, "labels": labels,
+                 "from_source": torch.tensor([bool(f.get("from_source")) for f in features])}
+        if any("target_top1" in f for f in features):
+            batch["target_top1"] = torch.full((b, seq_len), -1, dtype=torch.long)
+            for row, feature in enumerate(features):
+                if "target_top1" in feature:
+                    start = len(feature["prompt_ids"])
+                    batch["target_top1"][row, start : start + feature["target_top1"].shape[0]] = feature["target_top1"]
         if "features" in features[0]:
             width = features[0]["features"].shape[-1]
             context = torch.zeros(b, seq_len, width, dtype=features[0]["features"].dtype)

@@ -25,13 +25,14 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..dtypes import DTYPE_NAMES, torch_dtype
 from ..data import PromptSet, add_chat_template_argument, read_prompts, resolve_chat_template
-from ..targets import load_target
+from ..targets import load_target, load_target_tokenizer
 from ..utils import require_paths
 from .batch_decode import decode_shrinking, needs_generate, stop_tail
 from .turns import TURN_CHOICES, Answered, TurnPlan, TurnPrompt
 
-logger = logging.getLogger(__name__)
+RESPONSE_CHOICES = ("target", "source")  # who writes the answers: `--responses` (source_answers.py)
 
+logger = logging.getLogger(__name__)
 
 
 def read_existing(out_path: str | Path) -> set[str]:
@@ -325,6 +326,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "`hf:<dataset>[:split]`, a training source built offline (`dm-math`, `chatterbot`, `translate`, "
         "`python-docs`, `python-code`; benchmark-filtered), or a comma-separated mix, interleaved record by record "
         "(`sharegpt,dm-math`); see --turns for which user turns are answered (default: %(default)s).")
+    add("--responses", default="target", choices=RESPONSE_CHOICES,
+        help="`target`: the target answers; `source`: the source's own assistant reply is the answer (ShareGPT "
+        "`conversations`, chat `messages`; first turns only; no generation, only the tokenizer is loaded), rows "
+        "marked `response_from: source`: context for `domino train`, which labels them with the target's own next "
+        "token at the first draft slot (docs/training.md) (default: %(default)s).")
     add("--turns", default="first", choices=TURN_CHOICES,
         help="`first` answers the first user turn of each record (id = the record's id); `all` also answers the "
         "later turns of multi-turn records, turn by turn, each after the target's own earlier answers (never the "
@@ -378,6 +384,8 @@ def run(args: argparse.Namespace) -> int:
         from .endpoint import run_endpoint
 
         return run_endpoint(args)
+    if args.responses == "source":
+        return _run_source_answers(args)
     device = target_device(args)
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
@@ -393,4 +401,24 @@ def run(args: argparse.Namespace) -> int:
         temperature=args.temperature, limit=args.limit, system=args.system, seed=args.seed,
         chat_template=args.chat_template, stop=args.stop, turns=args.turns, min_prompt_tokens=args.min_prompt_tokens,
     )
+    return 0
+
+
+def _run_source_answers(args: argparse.Namespace) -> int:
+    """`domino regen --responses source`: the source's replies as answers, nothing generated."""
+    from .source_answers import write_source_answers
+
+    if args.turns != "first":
+        logger.error("--responses source answers first turns only (a later turn's history would be the source's "
+                     "replies, never the target's); drop --turns %s", args.turns)
+        return 2
+    try:
+        prompts = read_prompts(args.prompts, limit=args.limit)
+        tokenizer, _ = load_target_tokenizer(args.target, **target_kwargs(args))
+        write_source_answers(tokenizer, prompts, args.out, max_new_tokens=args.max_new_tokens,
+                             max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system,
+                             chat_template=args.chat_template, min_prompt_tokens=args.min_prompt_tokens)
+    except (OSError, ImportError, RuntimeError, ValueError) as err:
+        logger.error("%s", err)
+        return 2
     return 0

@@ -21,7 +21,7 @@ from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .dataset import LengthGroupedEpochSampler, RegenDataset
-from .distill import DEFAULT_TOPK, block_soft_labels, topk_at
+from .distill import DEFAULT_TOPK, block_soft_labels, next_token_topk, topk_at
 from .objective import curriculum_lambda, draft_inputs
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,9 @@ class DominoTrainer(Trainer):
 
     @torch.no_grad()
     def _target_inputs(self, inputs):
-        """Context hidden states, the embeddings the draft reads and, for `loss="kl"`, the soft labels
-        ((b, A, n, K) target ids and log-probs; else None), all from the frozen target or its cached features."""
+        """Context hidden states, the embeddings the draft reads, for `loss="kl"` the soft labels ((b, A, n, K)
+        target ids and log-probs; else None), and the (b, A, n) labels (source-answer records' replaced by the
+        target's, `_source_labels`), all from the frozen target or its cached features."""
         config = self.model.draft.config  # Trainer keeps `self.model` unwrapped (DDP lives in `model_wrapped`)
         context_hidden, final_hidden, block_embeds, label_embeds, positions = draft_inputs(
             self.target, self.target_head, config, inputs["input_ids"], inputs["attention_mask"], inputs["anchors"],
@@ -108,10 +109,32 @@ class DominoTrainer(Trainer):
             else:
                 raise ValueError("loss='kl' with cached features needs their top-k: extract them again with "
                                  "`domino features --kl-topk K`, or train without --features.")
-        return context_hidden, block_embeds, label_embeds, target_topk
+        labels = inputs["labels"]
+        if "from_source" in inputs and bool(inputs["from_source"].any()):
+            labels = self._source_labels(inputs, final_hidden)
+        return context_hidden, block_embeds, label_embeds, target_topk, labels
+
+    def _source_labels(self, inputs, final_hidden):
+        """(b, A, n) labels where a source-answer record's blocks are trained on the target's own next token at
+        the first draft slot alone (`source_answers.py`). Why only there: slot 0 predicts the token after the
+        anchor, which the target chooses from the context alone; a later slot's true label would be the target's
+        continuation of its own choices, which a source answer does not hold."""
+        anchors, labels = inputs["anchors"], inputs["labels"]
+        if "target_top1" in inputs:  # cached by `domino features --kl-topk`
+            top1 = inputs["target_top1"].gather(1, anchors)  # (b, A) target ids
+        elif final_hidden is not None:
+            rows = final_hidden.gather(1, anchors[..., None].expand(-1, -1, final_hidden.shape[-1]))  # (b, A, H)
+            top1 = next_token_topk(self.target, rows.reshape(-1, rows.shape[-1]), 1)[0].view(anchors.shape)
+        else:
+            raise ValueError("source-answer records need the target's next tokens: extract the features with "
+                             "`domino features --kl-topk K`, or train without --features")
+        source = inputs["from_source"][:, None]  # (b, 1)
+        first = torch.where(source & (labels[..., 0] != -100), self.target_head.to_draft_index(top1), labels[..., 0])
+        rest = labels[..., 1:].masked_fill(source[..., None], -100)
+        return torch.cat([first[..., None], rest], dim=-1)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        context_hidden, block_embeds, label_embeds, target_topk = self._target_inputs(inputs)
+        context_hidden, block_embeds, label_embeds, target_topk, labels = self._target_inputs(inputs)
         if self.feature_noise and model.training:
             context_hidden = self.noisy(context_hidden)
         lam = curriculum_lambda(self.state.global_step, self.state.max_steps) if self.use_curriculum else 0.0
@@ -120,7 +143,7 @@ class DominoTrainer(Trainer):
             block_embeds=block_embeds,
             label_embeds=label_embeds,
             anchors=inputs["anchors"],
-            labels=inputs["labels"],
+            labels=labels,
             target_head=self.target_head,
             curriculum=lam,
             target_topk=target_topk,
