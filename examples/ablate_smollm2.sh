@@ -34,7 +34,10 @@ ROUND6_DATA="$ROUND5_DATA data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203
 # slot (`domino regen --responses source`, written below in under a minute; not committed: the package holds them).
 SOURCE_ANSWERS="$CACHE/data/source/sharegpt-first.jsonl"
 ROUND6_SRC="$ROUND6_DATA $SOURCE_ANSWERS"
-DATA="${DATA:-$ROUND6_DATA}"   # space-separated JSONL(.gz) files
+case " ${ARMS:-} " in
+  *" src6 "*) DATA="${DATA:-$ROUND6_SRC}" ;;   # src6 trains on round 6 plus the source answers
+  *) DATA="${DATA:-$ROUND6_DATA}" ;;          # space-separated JSONL(.gz) files
+esac
 KL_TOPK="${KL_TOPK:-32}"
 # Round 2's features hold the target's top-K too, so every arm (kl included) reads the same folder; round 3
 # grew it (round-2 arms still train on its first 16,730 records: `DATA="$ROUND2_DATA"` and `FEATURES` of a copy).
@@ -83,8 +86,8 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # and warm6 with a regulariser against the measured overfitting (0.4 of τ between answers trained on and
     # unseen prompts of the same source): context features × (1 + 0.1·N(0, 1)) in training
     noise6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5 --feature-noise 0.1" ;;
-    # and warm6 with the source answers added (DATA="$ROUND6_SRC" STEPS=4900: each target answer seen once, as in
-    # warm6's 3,000 steps; the 15,176 source records are extra)
+    # and warm6 with the source answers added (ARMS=src6 STEPS=4900: each target answer seen about once, as in
+    # warm6's 3,000 steps; the 15,176 source records are extra; run it alone, it reads round 6's folder grown)
     src6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
