@@ -63,7 +63,7 @@ def test_source_answers_are_written_cut_marked_and_resumable(tiny_tokenizer, tmp
     summary = write_source_answers(tiny_tokenizer, read_prompts(str(_source_file(tmp_path))), tmp_path / "again.jsonl")
     assert summary["written"] == 2 and summary["skipped_no_reply"] == 1  # c1 has no reply
     assert args.func(args) == 0 and len(_rows(out)) == 2  # a rerun resumes: nothing new
-    assert "2 existing" in caplog.text
+    assert "2 existing" in caplog.text and "holds an assistant reply" not in caplog.text  # c1's lack is not news
 
     caplog.set_level(logging.ERROR, logger="domino_hf")
     many = _regen_args("--prompts", str(_source_file(tmp_path)), "--out", str(tmp_path / "t.jsonl"),

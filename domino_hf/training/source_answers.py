@@ -70,7 +70,7 @@ def write_source_answers(
                 rows.append({**row, RESPONSE_FROM: "source"})
             append_lines(fh, rows)
     summary = summarize(counts, time.perf_counter() - start, out_path, extra=("skipped_no_reply",))
-    if not summary["written"] and counts["skipped_no_reply"]:
+    if not summary["written"] and not summary["skipped_existing"] and counts["skipped_no_reply"]:
         logger.warning("regen --responses source: no record of %s holds an assistant reply (ShareGPT "
                        "`conversations` or chat `messages` with assistant turns do)", prompts.source or "the source")
     return summary
