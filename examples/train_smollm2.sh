@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # How the shipped draft drafts/smollm2-135m-instruct-domino was made (CPU, resumable at every stage), in rounds:
-# round 1 trains from scratch on 5,516 ShareGPT answers; rounds 2, 4 and 5 continue it on the data job's
+# round 1 trains from scratch on 5,516 ShareGPT answers; rounds 2, 4, 5 and 6 continue it on the data job's
 # answers (round 3 shipped nothing: docs/training.md).
 # State lives outside the repo ($DOMINO_HF_CACHE, default ~/.cache/domino-hf): rerun the same command after
 # a kill and it continues (features: next missing shard; train: --resume from the newest complete checkpoint).
@@ -78,8 +78,24 @@ domino train --target smollm2 --data $DATA5 --features "$FEATURES2" --init "from
   --draft-vocab-size 8192 --out "$RUN5" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
   --bf16 --group-by-length --seed 4 --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
 
+# Round 5's draft as it shipped in session 14 (fp16 weights): round 6 starts from it.
+ROUND5="$CACHE/exports/smollm2-domino-round5"
+[ -f "$ROUND5/config.json" ] || domino export "$RUN5" --out "$ROUND5" --dtype float16
+
+# Round 6 (≈ 0.7 CPU-hour; features grown by the new records only): round 5's data and the two shards of
+# session 14: 24,193 prompts, 4.16M response tokens. One pass of 3,000 steps at lr 3e-4 from round 5's draft,
+# seed 5 (examples/ablate_smollm2.sh's arm `warm6`).
+DATA6="$DATA5 data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz"
+# shellcheck disable=SC2086
+domino features --target smollm2 --data $DATA6 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
+RUN6="$CACHE/runs/smollm2-domino-b4-round6"
+# shellcheck disable=SC2086
+domino train --target smollm2 --data $DATA6 --features "$FEATURES2" --init "from:$ROUND5" \
+  --draft-vocab-size 8192 --out "$RUN6" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
+  --bf16 --group-by-length --seed 5 --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+
 # Export the Hub folder (fp16 weights, remote code, model card). The shipped card's round history and its
 # Measured section were passed as Markdown files (--notes FILE --measured FILE) from docs/training.md and
 # docs/bench/.
-domino export "$RUN5" --out drafts/smollm2-135m-instruct-domino --dtype float16 \
+domino export "$RUN6" --out drafts/smollm2-135m-instruct-domino --dtype float16 \
   --dataset anon8231489123/ShareGPT_Vicuna_unfiltered
