@@ -55,6 +55,8 @@ EVAL_TOKENS="${EVAL_TOKENS:-96}"
 EVAL="${EVAL:-1}"   # 0: train only (judge by examples/replay_tau.py first, then bench the arms worth it)
 
 SHIPPED=drafts/smollm2-135m-instruct-domino
+# Round 6's arms continue the round-5 draft (shipped until session 15; round 6's `warm6` ships since)
+ROUND5_DRAFT="${ROUND5_DRAFT:-$CACHE/ablations-round5/warm5/final}"
 arm_options() {  # the lever each arm changes; everything else is the shipped recipe
   case "$1" in
     base) echo "--block-size 4 --num-layers 2 --init random --lr 1e-3" ;;
@@ -79,16 +81,16 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # deepened to 3 layers first (the new layer starts as identity: `--num-layers` with `--init from:`)
     warm5) echo "--init from:$SHIPPED --lr 3e-4 --seed 4" ;;
     deep5) echo "--init from:$SHIPPED --num-layers 3 --lr 3e-4 --seed 4" ;;
-    # round 6: a pass from the shipped round-5 draft (`warm5`), and the same deepened to 3 layers with the new
+    # round 6: a pass from the round-5 draft (`warm5`), and the same deepened to 3 layers with the new
     # layer at 10x the rate (in deep5 it stayed ~10x smaller than the trained ones after 3,000 steps)
-    warm6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5" ;;
-    deep6) echo "--init from:$SHIPPED --num-layers 3 --new-layer-lr-scale 10 --lr 3e-4 --seed 5" ;;
+    warm6) echo "--init from:$ROUND5_DRAFT --lr 3e-4 --seed 5" ;;
+    deep6) echo "--init from:$ROUND5_DRAFT --num-layers 3 --new-layer-lr-scale 10 --lr 3e-4 --seed 5" ;;
     # and warm6 with a regulariser against the measured overfitting (0.4 of τ between answers trained on and
     # unseen prompts of the same source): context features × (1 + 0.1·N(0, 1)) in training
-    noise6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5 --feature-noise 0.1" ;;
+    noise6) echo "--init from:$ROUND5_DRAFT --lr 3e-4 --seed 5 --feature-noise 0.1" ;;
     # and warm6 with the source answers added (ARMS=src6 STEPS=4900: each target answer seen about once, as in
     # warm6's 3,000 steps; the 15,176 source records are extra; run it alone, it reads round 6's folder grown)
-    src6) echo "--init from:$SHIPPED --lr 3e-4 --seed 5" ;;
+    src6) echo "--init from:$ROUND5_DRAFT --lr 3e-4 --seed 5" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
