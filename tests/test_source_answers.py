@@ -119,6 +119,8 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
     dataset.use_features(FeatureStore(tmp_path / "f", draft.config.target_layer_ids))
     cached = trainer.data_collator([dataset[i] for i in range(3)])
     assert "target_top1" in cached and torch.equal(trainer._target_inputs(cached)[-1], labels)
+    dataset.use_features(FeatureStore(tmp_path / "f", draft.config.target_layer_ids), kl_topk=2)
+    assert torch.equal(trainer.data_collator([dataset[i] for i in range(3)])["target_top1"], cached["target_top1"])
     extract_features(model, dataset, list(draft.config.target_layer_ids), tmp_path / "plain")
     with pytest.raises(ValueError, match="--kl-topk"):  # features without the target's top-k cannot label them
         dataset.use_features(FeatureStore(tmp_path / "plain", draft.config.target_layer_ids))

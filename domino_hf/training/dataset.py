@@ -66,8 +66,8 @@ class RegenDataset(Dataset):
         (`earlier_prompts`); `domino train` and `domino features` apply the same filter, so feature shards stay
         aligned. A record whose `prompt_ids` an earlier one already has is dropped and counted: files of one
         target often answer the same prompts (a rerun at another dtype or length cap), and a second answer to one
-        context would only weigh it twice. The first file listed wins. A source-answer record (`response_from: source`)
-is never a duplicate of a target-answer one: the two give different contexts."""
+        context would only weigh it twice. The first file listed wins. A source-answer record
+        (`response_from: source`) is never a duplicate of a target-answer one: the two give different contexts."""
         examples, skipped, excluded, duplicates, seen = [], 0, 0, 0, set()
         for path in [paths] if isinstance(paths, (str, Path)) else paths:
             with open_text(path) as handle:
@@ -113,12 +113,14 @@ is never a duplicate of a target-answer one: the two give different contexts."""
         length = len(example.prompt_ids) + len(example.response_ids)
         if self.features is not None:
             item["features"] = self.features.get(index, length)
-        if self.kl_topk:
-            item["target_topk"] = self.features.get_topk(index, len(example.prompt_ids), length, self.kl_topk)
-        if example.from_source:  # its labels are the target's next tokens (`source_answers.py`)
+        if self.kl_topk or (example.from_source and self.features is not None):  # one read serves both
+            topk = self.features.get_topk(index, len(example.prompt_ids), length, max(self.kl_topk, 1))
+            if self.kl_topk:
+                item["target_topk"] = topk
+            if example.from_source:  # its labels are the target's next tokens (`source_answers.py`)
+                item["target_top1"] = topk[0][:, 0]
+        if example.from_source:
             item["from_source"] = True
-            if self.features is not None:
-                item["target_top1"] = self.features.get_topk(index, len(example.prompt_ids), length, 1)[0][:, 0]
         return item
 
     def num_response_tokens(self) -> int:
