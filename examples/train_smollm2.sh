@@ -10,6 +10,20 @@ CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
 CONFIG=hub_configs/smollm2-135m-instruct-domino.json
 PROBE=(--probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48)
 
+export_round() {  # RUN OUT: a round's draft as it shipped (fp16 weights), once
+  [ -f "$2/config.json" ] || domino export "$1" --out "$2" --dtype float16
+}
+
+continue_round() {  # RUN INIT SEED DATA: grow the shared feature folder by DATA's new records, then one pass of
+  # 3,000 steps at lr 3e-4 (cosine, curriculum, bf16 autocast, batches grouped by length) from the draft INIT
+  # shellcheck disable=SC2086
+  domino features --target smollm2 --data $4 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
+  # shellcheck disable=SC2086
+  domino train --target smollm2 --data $4 --features "$FEATURES2" --init "from:$2" \
+    --draft-vocab-size 8192 --out "$1" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
+    --bf16 --group-by-length --seed "$3" --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+}
+
 # Round 1 (≈ 2 CPU-hours): 2-layer backbone, block 4, GRU 256 / rank 256, 8192-token sub-vocabulary, teacher
 # forcing + curriculum, 5,500 steps (≈ 8 passes) on the target's own greedy answers to 5,516 ShareGPT prompts.
 DATA1=../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl
@@ -21,7 +35,7 @@ domino train --target smollm2 --data "$DATA1" --features "$FEATURES1" --config "
   --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
 # Round 1's draft as it shipped until session 11 (fp16 weights): round 2 starts from it.
 ROUND1="$CACHE/exports/smollm2-domino-round1"
-[ -f "$ROUND1/config.json" ] || domino export "$RUN1" --out "$ROUND1" --dtype float16
+export_round "$RUN1" "$ROUND1"
 
 # Round 2 (≈ 0.9 CPU-hour on features extracted in ≈ 0.6 h with 2 processes): two passes over the data job's
 # answers (data/regen/, 6 sources, bf16 target; 16,730 prompts, 2.77M response tokens with the shared file),
@@ -45,24 +59,19 @@ done
 
 # Round 2's draft as it shipped in sessions 11-12 (fp16 weights): round 4 starts from it.
 ROUND2="$CACHE/exports/smollm2-domino-round2"
-[ -f "$ROUND2/config.json" ] || domino export "$RUN2" --out "$ROUND2" --dtype float16
+export_round "$RUN2" "$ROUND2"
 
 # Round 4 (≈ 0.6 CPU-hour; features grown by the new records only, ≈ 0.2 h): round 2's data, the data job's
 # shards written since and stream c (3,000 questions SmolLM2 wrote itself, with its answers): 20,969 prompts,
 # 3.63M response tokens. Listed after round 2's files, so round 2's feature folder grows. One pass of 3,000
 # steps at lr 3e-4 from round 2's draft, seed 3 (examples/ablate_smollm2.sh's arm `warm4`).
 DATA4="$DATA2 data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202-4.jsonl.gz data/regen/c-20261203-0.jsonl.gz"
-# shellcheck disable=SC2086
-domino features --target smollm2 --data $DATA4 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
 RUN4="$CACHE/runs/smollm2-domino-b4-round4"
-# shellcheck disable=SC2086
-domino train --target smollm2 --data $DATA4 --features "$FEATURES2" --init "from:$ROUND2" \
-  --draft-vocab-size 8192 --out "$RUN4" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-  --bf16 --group-by-length --seed 3 --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+continue_round "$RUN4" "$ROUND2" 3 "$DATA4"
 
 # Round 4's draft as it shipped in session 13 (fp16 weights): round 5 starts from it.
 ROUND4="$CACHE/exports/smollm2-domino-round4"
-[ -f "$ROUND4/config.json" ] || domino export "$RUN4" --out "$ROUND4" --dtype float16
+export_round "$RUN4" "$ROUND4"
 
 # Round 5 (≈ 0.7 CPU-hour; features grown by the new records only, ≈ 0.15 h with two processes): round 4's
 # data, stream b's shards of 2026-12-03 and stream d's (ShareGPT first turns of 769-2,048 tokens: documents to
@@ -70,29 +79,19 @@ ROUND4="$CACHE/exports/smollm2-domino-round4"
 # 4's draft, seed 4 (examples/ablate_smollm2.sh's arm `warm5`).
 DATA5="$DATA4 data/regen/b-20261203-0.jsonl.gz data/regen/b-20261203-1.jsonl.gz
   data/regen/d-20261203-0.jsonl.gz data/regen/d-20261203-1.jsonl.gz"
-# shellcheck disable=SC2086
-domino features --target smollm2 --data $DATA5 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
 RUN5="$CACHE/runs/smollm2-domino-b4-round5"
-# shellcheck disable=SC2086
-domino train --target smollm2 --data $DATA5 --features "$FEATURES2" --init "from:$ROUND4" \
-  --draft-vocab-size 8192 --out "$RUN5" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-  --bf16 --group-by-length --seed 4 --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+continue_round "$RUN5" "$ROUND4" 4 "$DATA5"
 
 # Round 5's draft as it shipped in session 14 (fp16 weights): round 6 starts from it.
 ROUND5="$CACHE/exports/smollm2-domino-round5"
-[ -f "$ROUND5/config.json" ] || domino export "$RUN5" --out "$ROUND5" --dtype float16
+export_round "$RUN5" "$ROUND5"
 
 # Round 6 (≈ 0.7 CPU-hour; features grown by the new records only): round 5's data and the two shards of
 # session 14: 24,193 prompts, 4.16M response tokens. One pass of 3,000 steps at lr 3e-4 from round 5's draft,
 # seed 5 (examples/ablate_smollm2.sh's arm `warm6`).
 DATA6="$DATA5 data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz"
-# shellcheck disable=SC2086
-domino features --target smollm2 --data $DATA6 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
 RUN6="$CACHE/runs/smollm2-domino-b4-round6"
-# shellcheck disable=SC2086
-domino train --target smollm2 --data $DATA6 --features "$FEATURES2" --init "from:$ROUND5" \
-  --draft-vocab-size 8192 --out "$RUN6" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-  --bf16 --group-by-length --seed 5 --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+continue_round "$RUN6" "$ROUND5" 5 "$DATA6"
 
 # Export the Hub folder (fp16 weights, remote code, model card). The shipped card's round history and its
 # Measured section were passed as Markdown files (--notes FILE --measured FILE) from docs/training.md and
