@@ -5,7 +5,12 @@ Importing this module does not import torch (the CLI lists choices before any he
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger(__name__)
+
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)  # a target's --dtype in the data commands: auto = `fast_dtype(device)`
 
 
 def torch_dtype(name: str):
@@ -20,3 +25,40 @@ def torch_dtype(name: str):
 def dtype_name(dtype) -> str:
     """torch.bfloat16 -> "bfloat16" (the inverse of `torch_dtype`, for reports and JSON)."""
     return str(dtype).removeprefix("torch.")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), where oneDNN's bf16 matmuls beat fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def bf16_is_fast(device: str) -> bool:
+    """Whether bfloat16 is the faster precision for a forward on `device`: a CUDA GPU that supports it, or a CPU
+    with native bf16. Why it matters: elsewhere PyTorch emulates bf16 GEMMs, and on an AVX2-only CPU a bf16
+    matmul measured 60x slower than fp32 (1.1 against 70 GFLOPS on one thread, session 16; docs/cpu_kernels.md)."""
+    import torch
+
+    if str(device).startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return str(device) == "cpu" and cpu_has_native_bf16()
+
+
+def resolve_dtype(name: str, device: str = "cpu"):
+    """A data command's `--dtype` (`DTYPE_CHOICES`) as a torch dtype for a target on `device`.
+
+    "auto" is bfloat16 where `bf16_is_fast(device)`, else float32. An explicit half precision on a CPU without
+    native bf16 is kept (the user asked for it) with a warning, since float32 runs many times faster there."""
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if bf16_is_fast(device) else torch.float32
+    dtype = torch_dtype(name)
+    if dtype != torch.float32 and str(device) == "cpu" and not cpu_has_native_bf16():
+        logger.warning("--dtype %s on a CPU without native bf16 (no avx512_bf16/amx_bf16): PyTorch emulates its "
+                       "matmuls, many times slower than float32 here. Use --dtype float32 or auto.", name)
+    return dtype

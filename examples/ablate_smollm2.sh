@@ -45,7 +45,8 @@ FEATURES="${FEATURES:-$CACHE/features/round2-l1-14-27-top$KL_TOPK}"
 OUT="${OUT:-$CACHE/ablations-round6}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
-PRECISION="${PRECISION:---bf16}"  # bf16 autocast: 1.5x a step on CPUs with native bf16; --no-bf16 elsewhere
+# bf16 autocast: 1.5x a step on CPUs with native bf16; elsewhere emulated, ~60x slower, so --no-bf16 there
+PRECISION="${PRECISION:-$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no-bf16")')}"
 GROUPING="${GROUPING:---group-by-length}"  # batches of similar lengths: random ones pad this data to 2x its tokens
 ARMS="${ARMS:-base init_target kl block8 layers3 gamma_wide}"
 KL_FEATURES="${KL_FEATURES:-$FEATURES}"
@@ -101,7 +102,7 @@ features_for() {  # the --features option of an arm: the kl arms read the target
   if [ "$KL_FEATURES" != "$FEATURES" ]; then
     # shellcheck disable=SC2086
     domino features --target smollm2 --data $DATA --config "$FEATURES/draft_config.json" --kl-topk "$KL_TOPK" \
-      --dtype bfloat16 --out "$KL_FEATURES" >&2
+      --dtype auto --out "$KL_FEATURES" >&2
   fi
   echo "--features $KL_FEATURES"
 }
@@ -110,10 +111,10 @@ case " $DATA " in *" $SOURCE_ANSWERS "*)
   domino regen --responses source --prompts sharegpt --max-new-tokens 256 --max-prompt-tokens 384 --out "$SOURCE_ANSWERS" ;;
 esac
 # The context features of every arm, once (resumable: a rerun extracts the next missing shard). The target
-# runs in bf16 (its answers were written in bf16 too); layers 1, 14, 27 of the shipped config.
+# runs in bf16 where the CPU has it natively (as its answers), else fp32; layers 1, 14, 27 of the shipped config.
 # shellcheck disable=SC2086
 domino features --target smollm2 --data $DATA --config hub_configs/smollm2-135m-instruct-domino.json \
-  --kl-topk "$KL_TOPK" --dtype bfloat16 --out "$FEATURES"
+  --kl-topk "$KL_TOPK" --dtype auto --out "$FEATURES"
 
 for arm in $ARMS; do
   run="$OUT/$arm"

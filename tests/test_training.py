@@ -309,6 +309,12 @@ def test_features_cli_loads_the_target_in_the_requested_dtype_and_device(tmp_pat
     argv = ["features", "--data", str(data), "--config", str(data), "--out", str(tmp_path / "f")]
     assert main(argv + ["--dtype", "bfloat16", "--device", "cpu"]) == 2 and main(argv) == 2
     assert seen == [(torch.bfloat16, "cpu"), (torch.float32, "cuda" if torch.cuda.is_available() else "cpu")]
+    import domino_hf.dtypes
+
+    for native, expected in ((True, torch.bfloat16), (False, torch.float32)):  # auto: bf16 only where it is fast
+        monkeypatch.setattr(domino_hf.dtypes, "cpu_has_native_bf16", lambda native=native: native)
+        assert main(argv + ["--dtype", "auto", "--device", "cpu"]) == 2
+        assert seen[-1] == (expected, "cpu")
 
 
 def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):
@@ -346,15 +352,18 @@ def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):
     assert abs(losses[0] - losses[1]) > 1e-3
 
 
-def test_cli_bf16_trains_in_mixed_precision_on_the_cpu(target, tmp_path, monkeypatch):
+def test_cli_bf16_trains_in_mixed_precision_on_the_cpu(target, tmp_path, monkeypatch, caplog):
     import domino_hf.targets
+    import domino_hf.training.recipe as recipe
     from domino_hf.cli import main
 
     data = write_regen(tmp_path / "d.jsonl", target, count=8)
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    monkeypatch.setattr(recipe, "cpu_has_native_bf16", lambda: False)  # as on an AVX2-only CPU: warned, still done
     argv = ["train", "--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4",
             "--num-anchors", "4", "--max-steps", "3", "--save-steps", "3", "--out", str(tmp_path / "run")]
     assert main([*argv, "--bf16"]) == 0
+    assert "--bf16 on a CPU without native bf16" in caplog.text and "--no-bf16" in caplog.text
     args = torch.load(tmp_path / "run" / "checkpoint-3" / "training_args.bin", weights_only=False)
     assert args.bf16 and args.use_cpu  # autocast on the CPU; the weights stay fp32
     weights = load_file(tmp_path / "run" / "final" / "model.safetensors")

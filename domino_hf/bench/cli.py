@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
-from ..dtypes import DTYPE_NAMES, dtype_name, torch_dtype
+from ..dtypes import DTYPE_NAMES, cpu_has_native_bf16, dtype_name, torch_dtype
 from ..utils import git_tracked, looks_like_local_path, project_root
 from .runner import AR, BenchConfig, BenchPrompt
 
@@ -293,16 +293,6 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return device
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), where oneDNN's bf16 matmuls beat fp32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def resolve_draft_dtype(name: str, target_dtype, device: str):

@@ -35,7 +35,7 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
-from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from ..modeling.target_domino import target_features
 from .decontaminate import BenchmarkFilter
 from .distill import next_token_topk
@@ -344,9 +344,10 @@ def register(subparsers) -> None:
                         help="Also store the target's K most probable next tokens at every response position (int32 "
                         "ids + float16 log-probs: 6·K bytes a token), for `domino train --loss kl`; 0 = none "
                         "(default: %(default)s).")
-    parser.add_argument("--dtype", default="float32", choices=DTYPE_NAMES,
+    parser.add_argument("--dtype", default="float32", choices=DTYPE_CHOICES,
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
-                        "bf16 (default: %(default)s).")
+                        "bf16 (and many times slower on others); auto = bfloat16 where it is fast, else float32 "
+                        "(default: %(default)s).")
     parser.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int,
                         default=int(os.environ.get("WORLD_SIZE", 1)),
                         help="Split the shards between this many processes writing the same --out, each started "
@@ -368,7 +369,8 @@ def run(args) -> int:
     try:  # bad options and missing inputs fail before the (slower) target load
         check_process(args.process_index, args.num_processes)
         require_paths(data=args.data, config=args.config)
-        target, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=target_device(args),
+        device = target_device(args)
+        target, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
                                         **target_kwargs(args))
         vocab = target.config.get_text_config().vocab_size
         dataset = load_training_data(

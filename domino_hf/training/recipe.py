@@ -16,6 +16,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from ..dtypes import cpu_has_native_bf16
 from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
@@ -121,6 +122,9 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
     on_gpu = torch.cuda.is_available()
     bf16 = settings.bf16 if settings.bf16 is not None else (on_gpu and torch.cuda.is_bf16_supported())
+    if bf16 and not on_gpu and not cpu_has_native_bf16():
+        logger.warning("--bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): PyTorch emulates its "
+                       "matmuls, many times slower than float32 here. Train with --no-bf16.")
     args = TrainingArguments(
         output_dir=settings.output_dir,
         num_train_epochs=settings.epochs,
@@ -347,7 +351,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=None,
         help="bf16 mixed precision (fp32 master weights). Default: on with a GPU that supports it; on a CPU with "
-             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/training.md).",
+             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/training.md), on other CPUs many "
+             "times slower.",
     )
     run_group.add_argument(
         "--report-to", "--report_to", dest="report_to", default="none",

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
-from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from ..data import PromptSet, add_chat_template_argument, read_prompts, resolve_chat_template
 from ..targets import load_target, load_target_tokenizer
 from ..utils import require_paths
@@ -364,9 +364,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--stop", action="append", default=None, metavar="TEXT",
         help="End an answer at this text too (repeatable), e.g. --stop $'\\n\\n' for one paragraph of a base model "
         "(default: EOS only).")
-    add("--dtype", default="float32", choices=DTYPE_NAMES,
-        help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU "
-        "(default: %(default)s).")
+    add("--dtype", default="float32", choices=DTYPE_CHOICES,
+        help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU; auto = "
+        "bfloat16 where it is fast (a GPU, or a CPU with avx512_bf16/AMX), else float32 (default: %(default)s).")
     add_device_argument(parser)
     _add_endpoint_arguments(parser)
     parser.set_defaults(func=run)
@@ -391,7 +391,8 @@ def run(args: argparse.Namespace) -> int:
         prompts = read_prompts(args.prompts, limit=args.limit)
         if args.chat_template not in ("auto", "none"):
             require_paths(chat_template=args.chat_template)
-        model, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=device, **target_kwargs(args))
+        model, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
+                                       **target_kwargs(args))
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing file/package/model, Hub, id clash
         logger.error("%s", err)
         return 2

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..data import add_chat_template_argument, resolve_chat_template, to_messages
-from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from .batch_decode import decode_shrinking
 from .decontaminate import BenchmarkFilter
 from .regen import append_lines, read_answers
@@ -142,9 +142,9 @@ def register(subparsers) -> None:
     add("--system", default=None, metavar="TEXT",
         help="System prompt (default: none, so the chat template's own default applies, as in `domino regen`).")
     add_chat_template_argument(parser)
-    add("--dtype", default="float32", choices=DTYPE_NAMES,
-        help="Dtype of the target weights; bfloat16 is several times faster on CPUs with native bf16 "
-        "(default: %(default)s).")
+    add("--dtype", default="float32", choices=DTYPE_CHOICES,
+        help="Dtype of the target weights; bfloat16 is several times faster on CPUs with native bf16 (and many "
+        "times slower on others); auto = bfloat16 where it is fast, else float32 (default: %(default)s).")
     add_device_argument(parser)
     parser.set_defaults(func=run)
 
@@ -154,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
     from ..targets import load_target
 
     try:
-        model, tokenizer = load_target(args.target, dtype=torch_dtype(args.dtype), device=target_device(args),
+        device = target_device(args)
+        model, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
                                        **target_kwargs(args))
         write_self_prompts(model, tokenizer, args.out, args.num_prompts, starts=tuple(args.start or ("",)),
                            batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
