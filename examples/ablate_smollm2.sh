@@ -34,8 +34,15 @@ ROUND6_DATA="$ROUND5_DATA data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203
 # slot (`domino regen --responses source`, written below in under a minute; not committed: the package holds them).
 SOURCE_ANSWERS="$CACHE/data/source/sharegpt-first.jsonl"
 ROUND6_SRC="$ROUND6_DATA $SOURCE_ANSWERS"
+# Round 7 (session 16, for the next machine with native bf16 or a GPU): round 6's data plus the shards written
+# since, except a held-out split of the same streams that no draft has seen (HELDOUT7: the overfitting, measured
+# in docs/training.md, session 16, is judged on it; train on it in a later round, never in round 7).
+ROUND7_DATA="$ROUND6_DATA data/regen/b-20261203-5.jsonl.gz data/regen/d-20261203-5.jsonl.gz"
+HELDOUT7="data/regen/b-20261203-3.jsonl.gz data/regen/b-20261203-4.jsonl.gz data/regen/d-20261203-3.jsonl.gz
+  data/regen/d-20261203-4.jsonl.gz"
 case " ${ARMS:-} " in
   *" src6 "*) DATA="${DATA:-$ROUND6_SRC}" ;;   # src6 trains on round 6 plus the source answers
+  *" warm7 "*|*" noise7 "*) DATA="${DATA:-$ROUND7_DATA}" ;;
   *) DATA="${DATA:-$ROUND6_DATA}" ;;          # space-separated JSONL(.gz) files
 esac
 KL_TOPK="${KL_TOPK:-32}"
@@ -92,6 +99,11 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # and warm6 with the source answers added (ARMS=src6 STEPS=4900: each target answer seen about once, as in
     # warm6's 3,000 steps; the 15,176 source records are extra; run it alone, it reads round 6's folder grown)
     src6) echo "--init from:$ROUND5_DRAFT --lr 3e-4 --seed 5" ;;
+    # round 7 (the round-6 arms were lost with session 15's machine): from the shipped round-6 draft, one pass,
+    # and the same with feature noise; compare them on the five sets and on HELDOUT7 against their training
+    # shards (examples/replay_tau.py --answers), where the overfitting shows
+    warm7) echo "--init from:$SHIPPED --lr 3e-4 --seed 6" ;;
+    noise7) echo "--init from:$SHIPPED --lr 3e-4 --seed 6 --feature-noise 0.1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -132,4 +144,12 @@ for arm in $ARMS; do
       --prompts "$EVAL_SETS" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
       --no-plots --no-progress --overwrite_output_dir
   fi
+  case "$arm" in warm7|noise7)  # replayed τ on shards trained on against the held-out split of the same streams
+    if [ "$EVAL" = 1 ] && [ ! -f "$run/eval/overfit.md" ]; then
+      mkdir -p "$run/eval"
+      # shellcheck disable=SC2086
+      python examples/replay_tau.py --draft "$run/final" --num-prompts 40 \
+        --answers data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz $HELDOUT7 > "$run/eval/overfit.md"
+    fi ;;
+  esac
 done
