@@ -10,7 +10,7 @@ import logging
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
-DTYPE_CHOICES = ("auto", *DTYPE_NAMES)  # a target's --dtype in the data commands: auto = `fast_dtype(device)`
+DTYPE_CHOICES = ("auto", *DTYPE_NAMES)  # a target's --dtype in the data commands: see `resolve_dtype`
 
 
 def torch_dtype(name: str):
@@ -58,7 +58,14 @@ def resolve_dtype(name: str, device: str = "cpu"):
     if name == "auto":
         return torch.bfloat16 if bf16_is_fast(device) else torch.float32
     dtype = torch_dtype(name)
-    if dtype != torch.float32 and str(device) == "cpu" and not cpu_has_native_bf16():
-        logger.warning("--dtype %s on a CPU without native bf16 (no avx512_bf16/amx_bf16): PyTorch emulates its "
-                       "matmuls, many times slower than float32 here. Use --dtype float32 or auto.", name)
+    if dtype != torch.float32 and str(device) == "cpu":
+        warn_if_emulated(f"--dtype {name}", "Use --dtype float32 or auto.")
     return dtype
+
+
+def warn_if_emulated(option: str, fix: str) -> None:
+    """Warn that `option` asks this CPU for a precision it has no native matmuls for, naming `fix`; silent on a CPU
+    with native bf16. The one wording of that warning for every command (`resolve_dtype`, `domino train --bf16`)."""
+    if not cpu_has_native_bf16():
+        logger.warning("%s on a CPU without native bf16 (no avx512_bf16/amx_bf16): PyTorch emulates its matmuls, "
+                       "many times slower than float32 here. %s", option, fix)

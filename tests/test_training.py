@@ -353,13 +353,13 @@ def test_training_sees_the_biased_lm_head_that_drafting_uses(target, tmp_path):
 
 
 def test_cli_bf16_trains_in_mixed_precision_on_the_cpu(target, tmp_path, monkeypatch, caplog):
+    import domino_hf.dtypes
     import domino_hf.targets
-    import domino_hf.training.recipe as recipe
     from domino_hf.cli import main
 
     data = write_regen(tmp_path / "d.jsonl", target, count=8)
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
-    monkeypatch.setattr(recipe, "cpu_has_native_bf16", lambda: False)  # as on an AVX2-only CPU: warned, still done
+    monkeypatch.setattr(domino_hf.dtypes, "cpu_has_native_bf16", lambda: False)  # AVX2-only: warned, still done
     argv = ["train", "--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4",
             "--num-anchors", "4", "--max-steps", "3", "--save-steps", "3", "--out", str(tmp_path / "run")]
     assert main([*argv, "--bf16"]) == 0

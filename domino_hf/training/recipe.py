@@ -16,7 +16,7 @@ import torch
 from transformers import TrainingArguments
 
 from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
-from ..dtypes import cpu_has_native_bf16
+from ..dtypes import warn_if_emulated
 from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
@@ -122,9 +122,8 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     """Train `draft` in place on `dataset`; checkpoints under `settings.output_dir`, final draft in `…/final`."""
     on_gpu = torch.cuda.is_available()
     bf16 = settings.bf16 if settings.bf16 is not None else (on_gpu and torch.cuda.is_bf16_supported())
-    if bf16 and not on_gpu and not cpu_has_native_bf16():
-        logger.warning("--bf16 on a CPU without native bf16 (no avx512_bf16/amx_bf16): PyTorch emulates its "
-                       "matmuls, many times slower than float32 here. Train with --no-bf16.")
+    if bf16 and not on_gpu:
+        warn_if_emulated("--bf16", "Train with --no-bf16.")
     args = TrainingArguments(
         output_dir=settings.output_dir,
         num_train_epochs=settings.epochs,
