@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 SHARED_SETS = ("mt_bench", "alpaca", "sum", "qa")
 # Training sources built offline from packages and the standard library (`domino_hf/prompt_sources.py`).
-BUILT_SOURCES = ("dm-math", "chatterbot", "translate", "python-docs", "python-code")
+BUILT_SOURCES = ("dm-math", "chatterbot", "translate", "python-docs", "python-code", "summarize")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 # ShareGPT speaker names of the user side; "system" turns go to `meta["system"]`.
 _USER_SPEAKERS = {"human", "user"}
@@ -351,7 +351,8 @@ def read_prompts(source: str, limit: int | None = None) -> PromptSet:
     `source` is one of: a file path (JSONL with `prompt` / `turns` / `messages` / ShareGPT `conversations`
     records, optionally `.gz`, or a top-level JSON array); a shared evaluation set `mt_bench`, `alpaca`,
     `sum`, `qa` (from `domino_hf.utils.shared_data_dir()`); `humaneval`; `sharegpt`; a built training source
-    (`BUILT_SOURCES`: `dm-math`, `chatterbot`, `translate`, `python-docs`, `python-code`, benchmark-filtered);
+    (`BUILT_SOURCES`: `dm-math`, `chatterbot`, `translate`, `python-docs`, `python-code`, `summarize`,
+    benchmark-filtered);
     `hf:<name>[:split]`; or a comma-separated mix of these, interleaved (`sharegpt,dm-math`).
     """
     if "," in source and not Path(source).expanduser().is_file():

@@ -25,10 +25,11 @@ from domino_hf.utils import cache_dir
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = ROOT / "data" / "regen"
 # The --out file of each of examples/regen_smollm2.sh's streams, under $DOMINO_HF_CACHE/data: answers (a, b, c,
-# d: the long ShareGPT prompts stream a's cap left out) and the questions stream c answers, which the target
-# wrote itself (`domino self-prompts`; p, kept apart so that `data/regen/*.jsonl.gz` stays training data).
+# d: the long ShareGPT prompts stream a's cap left out, e: the `summarize` source's documents) and the questions
+# stream c answers, which the target wrote itself (`domino self-prompts`; p, kept apart so that
+# `data/regen/*.jsonl.gz` stays training data).
 STREAMS = {"a": "sharegpt_turns_bf16.jsonl", "b": "mix_b_turns_bf16.jsonl", "c": "self_bf16.jsonl",
-           "d": "sharegpt_long_bf16.jsonl", "p": "self_prompts.jsonl"}
+           "d": "sharegpt_long_bf16.jsonl", "e": "summarize_bf16.jsonl", "p": "self_prompts.jsonl"}
 
 
 def shard_folder(stream: str) -> Path:

