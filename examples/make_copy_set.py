@@ -1,4 +1,4 @@
-"""Build `examples/data/copy_heavy.jsonl`: 20 prompts whose answers mostly copy spans of the prompt.
+"""Build `domino_hf/prompt_sets/copy_heavy.jsonl`: 20 prompts whose answers mostly copy spans of the prompt.
 
 Why: prompt lookup wins where answers restate their context (RAG, editing, refactoring); the benchmark needs
 such a set, built from material no benchmark and no training set uses. Sources, all on any Python install:
@@ -7,7 +7,7 @@ such a set, built from material no benchmark and no training set uses. Sources, 
   docstrings (the answer's key phrases are in the prompt).
 Deterministic (fixed module lists); rerun to regenerate, then commit the JSONL:
 
-    python examples/make_copy_set.py --out examples/data/copy_heavy.jsonl
+    python examples/make_copy_set.py --out domino_hf/prompt_sets/copy_heavy.jsonl
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ training-set τ at the cost of one forward per answer).
     python examples/replay_tau.py --draft drafts/smollm2-135m-instruct-domino runs/x/checkpoint-500 \
         --prompts mt_bench,sum
     python examples/replay_tau.py --draft drafts/smollm2-135m-instruct-domino \
-        --answers ../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl --num-prompts 40
+        --answers data/regen/base/smollm2-135m-instruct_sharegpt.jsonl.gz --num-prompts 40
 """
 
 from __future__ import annotations

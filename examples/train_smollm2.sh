@@ -29,7 +29,7 @@ continue_round() {  # RUN INIT SEED DATA: grow the shared feature folder by DATA
 
 # Round 1 (≈ 2 CPU-hours): 2-layer backbone, block 4, GRU 256 / rank 256, 8192-token sub-vocabulary, teacher
 # forcing + curriculum, 5,500 steps (≈ 8 passes) on the target's own greedy answers to 5,516 ShareGPT prompts.
-DATA1=../shared/data/regen/smollm2-135m-instruct_sharegpt.jsonl
+DATA1=data/regen/base/smollm2-135m-instruct_sharegpt.jsonl.gz
 FEATURES1="$CACHE/features/smollm2-regen-l1-14-27"
 RUN1="$CACHE/runs/smollm2-domino-b4"
 domino features --target smollm2 --data "$DATA1" --config "$CONFIG" --out "$FEATURES1"

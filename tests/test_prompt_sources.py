@@ -15,7 +15,7 @@ import pytest
 
 from domino_hf import prompt_sources
 from domino_hf.data import BUILT_SOURCES, read_prompts
-from domino_hf.training.decontaminate import COPY_HEAVY_SET, PROJECT_SETS, BenchmarkFilter
+from domino_hf.training.decontaminate import BenchmarkFilter
 from domino_hf.utils import project_root
 
 ID = re.compile(r"^(?P<source>[a-z-]+):(?P<key>\S+):[0-9a-f]{8}$")
@@ -115,8 +115,8 @@ def test_an_injected_benchmark_prompt_is_dropped(monkeypatch, benchmark_filter):
     translation sets) inserted among a real source's records are dropped and counted; the real records stay."""
     pytest.importorskip("chatterbot_corpus")
     real = list(prompt_sources.chatterbot())[:40]
-    copy_heavy = read_prompts(str(project_root() / COPY_HEAVY_SET)).records[3].turns[0]
-    translation = read_prompts(str(project_root() / PROJECT_SETS / "translation.jsonl")).records[0].turns[0]
+    copy_heavy = read_prompts("copy_heavy").records[3].turns[0]
+    translation = read_prompts("translation").records[0].turns[0]
     injected = [read_prompts("humaneval").records[0].turns[0], read_prompts("qa").records[5].turns[0], copy_heavy,
                 translation]
     mt_bench = read_prompts("mt_bench").records[2].turns
@@ -180,7 +180,7 @@ def test_mixes_interleave_and_need_distinct_ids(tmp_path):
 
 def test_a_missing_package_names_the_fix(monkeypatch):
     monkeypatch.setitem(sys.modules, "chatterbot_corpus", None)
-    with pytest.raises(ImportError, match=r"chatterbot.*pip install 'domino-hf\[offline\]'"):
+    with pytest.raises(ImportError, match=r"chatterbot.*pip install 'domino-hf\[sources\]'"):
         read_prompts("translate", limit=1)
 
 

@@ -5,8 +5,9 @@ that says nothing about new prompts. `BenchmarkFilter` flags a training prompt t
 after normalisation (case, whitespace, punctuation) or shares a run of `ngram` words with one (13, as in the
 usual LLM decontamination practice). `domino train` and `domino features` drop such records, with a count.
 
-The benchmarks: HumanEval, every turn of MT-Bench, the shared Alpaca / summarisation / QA sets, and every
-prompt set of the project's own (`examples/data/*.jsonl`: the copy-heavy set and the held-out prompt types).
+The benchmarks: HumanEval and every turn of every prompt set shipped with the package
+(`domino_hf/prompt_sets/`: MT-Bench, Alpaca, summarisation, QA, and the project's own copy-heavy set and
+held-out prompt types).
 """
 
 from __future__ import annotations
@@ -14,16 +15,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from pathlib import Path
-
-from ..data import read_prompts
-from ..utils import project_root
+from ..data import PACKAGED_SETS, read_prompts
 
 logger = logging.getLogger(__name__)
 
-BENCHMARK_SOURCES = ("humaneval", "mt_bench", "alpaca", "sum", "qa")
-PROJECT_SETS = Path("examples") / "data"  # every *.jsonl in it is a benchmark set
-COPY_HEAVY_SET = PROJECT_SETS / "copy_heavy.jsonl"
+BENCHMARK_SOURCES = ("humaneval", *PACKAGED_SETS)
 _WORD = re.compile(r"\w+")
 
 
@@ -52,13 +48,11 @@ class BenchmarkFilter:
     @classmethod
     def for_benchmarks(cls, sources: Iterable[str] = BENCHMARK_SOURCES, ngram: int = 13) -> BenchmarkFilter:
         """A filter over every turn of the benchmark prompt sets that can be read here (a missing optional
-        package or shared folder is logged and skipped) and the project's own sets (`PROJECT_SETS`)."""
+        package is logged and skipped)."""
         texts: list[str] = []
         for source in sources:
             try:
                 texts += [turn for record in read_prompts(source).records for turn in record.turns]
             except (OSError, ImportError) as err:
                 logger.warning("decontamination: cannot read benchmark %s (%s); not filtered against it", source, err)
-        for path in sorted((project_root() / PROJECT_SETS).glob("*.jsonl")):
-            texts += [turn for record in read_prompts(str(path)).records for turn in record.turns]
         return cls(texts, ngram=ngram)
