@@ -67,7 +67,25 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
+    problem = unsupported_transformers()
+    if problem:
+        print(f"domino {args.command}: {problem}", file=sys.stderr)
+        return 2
     return int(args.func(args) or 0)
+
+
+def unsupported_transformers() -> str | None:
+    """One line naming the supported range when the installed transformers is outside it, else None. Checked
+    before a command runs; `--help` works on any release."""
+    from .modeling.dispatch_domino import UnsupportedTransformersError, check_transformers_version
+
+    import transformers
+
+    try:
+        check_transformers_version(transformers.__version__)
+    except UnsupportedTransformersError as err:
+        return str(err)
+    return None
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def packable(dtype: torch.dtype) -> bool:
         try:
             torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
             _dtype_support[dtype] = True
-        except RuntimeError:
+        except (RuntimeError, AttributeError):  # also a torch build without these oneDNN ops: stock kernels
             _dtype_support[dtype] = False
     return _dtype_support[dtype]
 

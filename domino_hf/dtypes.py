@@ -27,13 +27,28 @@ def dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), where oneDNN's bf16 matmuls beat fp32."""
+def cpu_info() -> dict:
+    """The CPU's model name and its flags (`/proc/cpuinfo`; empty where it cannot be read)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            for line in f:
+                key, _, value = line.partition(":")
+                fields.setdefault(key.strip(), value.strip())
+                if "model name" in fields and "flags" in fields:
+                    break
     except OSError:
-        return False
+        pass
+    return {"model": fields.get("model name", ""), "flags": fields.get("flags", "").split()}
+
+
+# The CPU features that decide which kernels run fast (reported with every benchmark).
+KERNEL_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (avx512_bf16 or AMX), where oneDNN's bf16 matmuls beat fp32."""
+    flags = cpu_info()["flags"]
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 

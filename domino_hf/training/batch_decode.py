@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache, GenerationConfig
 
+from ..modeling.dispatch_domino import CACHE_ARGUMENT
+
 # Generation-config fields that add logits processors or length rules `decode_shrinking` does not apply.
 _PROCESSOR_FIELDS = (
     "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "min_length",
@@ -58,7 +60,7 @@ def decode_shrinking(
     step_ids = input_ids
     for step in range(max_new_tokens):
         logits = model(input_ids=step_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1].float()  # [live, V]
+                       use_cache=True, logits_to_keep=1, **{CACHE_ARGUMENT: cache}).logits[:, -1].float()  # [live, V]
         if temperature > 0:
             next_ids = torch.multinomial(torch.softmax(logits / temperature, dim=-1), 1).squeeze(1)  # [live]
         else:

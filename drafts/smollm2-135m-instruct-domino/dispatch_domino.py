@@ -5,6 +5,13 @@ Remote-code file (torch + transformers only). transformers has no public plug-in
 candidate generator, so three private `GenerationMixin` methods are wrapped, for the tested releases only
 (`MIN_TRANSFORMERS` ≤ version < `MAX_TRANSFORMERS`); every other assistant and generation mode reaches the
 stock methods untouched. `uninstall_generate_hook()` restores them.
+
+What differs between the supported releases is handled here and nowhere else:
+* 5.24 renamed the target's cache argument and output `past_key_values` → `cache` (`CACHE_ARGUMENT`,
+  `user_cache`);
+* 5.25 asks every candidate generator for `num_drafting_tokens` (the generator defines it on every release)
+  and lets linear-attention ("stateful") targets into assisted decoding, which a Domino draft refuses
+  (`check_target_supported`).
 """
 
 from __future__ import annotations
@@ -13,13 +20,17 @@ import contextvars
 import importlib
 import logging
 
+import transformers
+
 from .target_domino import check_draft_fits_target
 
 logger = logging.getLogger(__name__)
 
 MIN_TRANSFORMERS = (5, 23)  # supported releases: MIN <= (major, minor) < MAX
-MAX_TRANSFORMERS = (5, 24)
-_STATIC_CACHES = ("static", "hybrid", "sliding_window", "offloaded_static", "offloaded_hybrid")
+MAX_TRANSFORMERS = (5, 26)
+_DYNAMIC_CACHES = (None, "dynamic")  # the `cache_implementation` values a Domino draft is tested with
+# Attention layer types whose cache is plain keys/values, croppable after a verify step.
+_ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 _STOPPING_CRITERIA = contextvars.ContextVar("domino_stopping_criteria", default=None)
 
@@ -33,14 +44,29 @@ def is_domino_draft(model) -> bool:
 def candidate_generator_class(draft):
     """The `DominoCandidateGenerator` shipped beside the draft's own class: a remote-code draft drafts with its
     checkpoint's `generation_domino.py`, a domino_hf draft with domino_hf's, whichever copy of this dispatch
-    was installed first."""
+    was installed first. A checkpoint whose remote code predates the running transformers is refused with the
+    fix, rather than run with a generator written for other internals."""
     package = type(draft).__module__.rpartition(".")[0]
     try:
-        return importlib.import_module(f"{package}.generation_domino").DominoCandidateGenerator
+        module = importlib.import_module(f"{package}.generation_domino")
+        generator = module.DominoCandidateGenerator
     except (ImportError, AttributeError, ValueError):  # a draft class defined outside a Domino package
         from .generation_domino import DominoCandidateGenerator
 
         return DominoCandidateGenerator
+    try:
+        written_for = importlib.import_module(f"{package}.dispatch_domino").MAX_TRANSFORMERS
+    except (ImportError, AttributeError):
+        written_for = None
+    if written_for is not None and _release(transformers.__version__) >= tuple(written_for):
+        raise ValueError(
+            f"This Domino draft's remote code ({module.__file__}) was written for transformers<"
+            f"{'.'.join(map(str, written_for))} and predates the installed {transformers.__version__}. Load the "
+            "draft with domino-hf's own code instead (`domino_hf.DominoDraftModel.from_pretrained(path)`, or "
+            "`AutoModel.from_pretrained(path)` without trust_remote_code once domino_hf is imported), or "
+            "re-export it with the current domino-hf: `domino export PATH --out NEW_FOLDER --dtype <its dtype>`."
+        )
+    return generator
 
 
 def _looks_like_domino_checkpoint(model) -> bool:
@@ -51,6 +77,64 @@ def _looks_like_domino_checkpoint(model) -> bool:
     auto_map = str(getattr(config, "auto_map", "") or "")
     archs = str(getattr(config, "architectures", "") or "")
     return hasattr(config, "dflash_config") or "domino" in auto_map.lower() or "Domino" in archs
+
+
+def _release(version: str) -> tuple[int, int]:
+    parts = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2]]
+    return tuple(parts + [0] * (2 - len(parts)))
+
+
+class UnsupportedTransformersError(ImportError):
+    """The installed transformers is outside `MIN_TRANSFORMERS` ≤ version < `MAX_TRANSFORMERS`."""
+
+
+def supported_range() -> str:
+    """The supported releases as a pip specifier, e.g. `>=5.23,<5.26`."""
+    return f">={'.'.join(map(str, MIN_TRANSFORMERS))},<{'.'.join(map(str, MAX_TRANSFORMERS))}"
+
+
+def _cache_argument(version: str) -> str:
+    return "cache" if _release(version) >= (5, 24) else "past_key_values"
+
+
+# The keyword a target's forward takes its cache by, on the running release.
+CACHE_ARGUMENT = _cache_argument(transformers.__version__)
+
+
+def user_cache(model_kwargs: dict):
+    """The cache object `generate` holds for the target, under either release's name (None before prefill)."""
+    for name in ("cache", "past_key_values"):
+        if model_kwargs.get(name) is not None:
+            return model_kwargs[name]
+    return None
+
+
+def check_target_supported(target) -> None:
+    """Refuse targets whose cache a Domino step cannot roll back exactly: linear-attention / state-space layers
+    (transformers 5.25 lets such "stateful" targets into assisted decoding; the Domino generator is not tested
+    lossless on them)."""
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    layer_types = set(getattr(config, "layer_types", None) or ()) - set(_ATTENTION_LAYER_TYPES)
+    if getattr(target, "_is_stateful", False) or layer_types:
+        kind = f"layer types {sorted(layer_types)}" if layer_types else "a recurrent state"
+        raise ValueError(
+            f"{type(target).__name__} has {kind}: Domino speculative decoding needs a target whose every layer is "
+            "attention with a key/value cache (it crops rejected tokens from it). Decode this target without "
+            "`assistant_model`."
+        )
+
+
+def check_cache_supported(cache) -> None:
+    """Refuse a cache object passed to `generate` that a Domino step cannot use exactly: anything but a
+    `DynamicCache` (static, quantized and offloaded-static caches cannot be cropped the way a verify step
+    needs)."""
+    from transformers.cache_utils import DynamicCache
+
+    if cache is not None and not isinstance(cache, DynamicCache):
+        raise ValueError(
+            f"Domino speculative decoding needs a DynamicCache for the target, got a {type(cache).__name__}: "
+            "drop the cache argument (generate makes a DynamicCache) or pass `DynamicCache()`."
+        )
 
 
 def _validate_domino_request(target, draft, generation_config) -> None:
@@ -64,12 +148,13 @@ def _validate_domino_request(target, draft, generation_config) -> None:
             f"speculation_type={generation_config.speculation_type!r} selects one of transformers' built-in "
             "drafters; a Domino draft drafts with its own generator. Drop `speculation_type`."
         )
-    if generation_config.cache_implementation in _STATIC_CACHES:
+    if generation_config.cache_implementation not in _DYNAMIC_CACHES:
         raise ValueError(
             f"Domino speculative decoding needs a dynamic cache, got cache_implementation="
-            f"'{generation_config.cache_implementation}': drop `cache_implementation` (the verified tokens are "
-            "cropped from the cache after every step, which a static cache cannot do)."
+            f"'{generation_config.cache_implementation}': drop `cache_implementation` (the rejected tokens are "
+            "cropped from the cache after every step, which only a DynamicCache is tested to do exactly)."
         )
+    check_target_supported(target)
     check_draft_fits_target(draft.config, target)
 
 
@@ -77,20 +162,32 @@ _PATCHED = ("_validate_generation_mode", "_get_candidate_generator", "_assisted_
 _ORIGINALS_ATTR = "_domino_original_methods"
 
 
-def _release(version: str) -> tuple[int, int]:
-    parts = [int("".join(ch for ch in part if ch.isdigit()) or 0) for part in version.split(".")[:2]]
-    return tuple(parts + [0] * (2 - len(parts)))
+def is_supported_transformers(version: str) -> bool:
+    return MIN_TRANSFORMERS <= _release(version) < MAX_TRANSFORMERS
 
 
 def check_transformers_version(version: str) -> None:
-    """Raise an ImportError naming the supported range when `version` is outside it: the dispatch replaces
-    private `GenerationMixin` methods whose signatures are only known for the tested releases."""
-    if not MIN_TRANSFORMERS <= _release(version) < MAX_TRANSFORMERS:
-        low, high = ".".join(map(str, MIN_TRANSFORMERS)), ".".join(map(str, MAX_TRANSFORMERS))
-        raise ImportError(
-            f"Domino drafts support transformers>={low},<{high} (found {version}): the generate dispatch relies on "
-            f"that release's assisted-decoding internals. Install it with: pip install 'transformers>={low},<{high}'"
+    """Raise an `UnsupportedTransformersError` (an ImportError) naming the supported range when `version` is
+    outside it: the dispatch replaces private `GenerationMixin` methods whose signatures are only known for the
+    tested releases."""
+    if not is_supported_transformers(version):
+        raise UnsupportedTransformersError(
+            f"Domino drafts support transformers{supported_range()} (found {version}): the generate dispatch relies "
+            f"on those releases' assisted-decoding internals. Install one with: "
+            f"pip install 'transformers{supported_range()}'"
         )
+
+
+def install_generate_hook_if_supported() -> bool:
+    """Install the dispatch when the running transformers is supported; otherwise leave transformers untouched
+    (loading a draft then raises `UnsupportedTransformersError`, see `DominoDraftModel`). Importing the model
+    file calls this, so that importing never fails on the version alone."""
+    import transformers
+
+    if not is_supported_transformers(transformers.__version__):
+        return False
+    install_generate_hook()
+    return True
 
 
 def install_generate_hook() -> None:
@@ -117,12 +214,15 @@ def install_generate_hook() -> None:
         assistant = generation_mode_kwargs.get("assistant_model")
         if is_domino_draft(assistant):
             _validate_domino_request(self, assistant, generation_config)
-        elif assistant is not None and _looks_like_domino_checkpoint(assistant):
+        elif (assistant is not None and generation_config.speculation_type is None
+              and _looks_like_domino_checkpoint(assistant)):
+            # (with `speculation_type="dflash"` the draft goes to transformers' own DFlash drafting, untouched)
             raise ValueError(
                 f"The assistant model is a Domino/DFlash draft checkpoint loaded as a plain "
                 f"{type(assistant).__name__}, so its drafting code is missing. Load it with "
                 "`AutoModel.from_pretrained(path, trust_remote_code=True)` or "
-                "`domino_hf.DominoDraftModel.from_pretrained(path)`."
+                "`domino_hf.DominoDraftModel.from_pretrained(path)` (or, for a DFlash draft with its own "
+                "remote code, pass `speculation_type=\"dflash\"` to use transformers' DFlash drafting)."
             )
         return originals["_validate_generation_mode"](self, generation_mode, generation_config, generation_mode_kwargs)
 
@@ -143,8 +243,10 @@ def install_generate_hook() -> None:
     def _assisted_decoding(self, *args, **kwargs):
         # Stop strings and custom criteria reach the generator through a context variable: transformers builds
         # the candidate generator inside this call without passing them on.
-        stopping = assisted_signature.bind_partial(self, *args, **kwargs).arguments.get("stopping_criteria")
-        token = _STOPPING_CRITERIA.set(stopping)
+        bound = assisted_signature.bind_partial(self, *args, **kwargs).arguments
+        if is_domino_draft(bound.get("assistant_model")):
+            check_cache_supported(user_cache(bound.get("model_kwargs") or kwargs))
+        token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))
         try:
             return originals["_assisted_decoding"](self, *args, **kwargs)
         finally:

@@ -197,11 +197,19 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
         )
+        # The most tokens one verify forward can hold: the anchor (or bonus) token plus the longest proposal.
+        self._max_verify = 1 + max(self.config.num_draft_tokens, settings["lookup_tokens"])
         self.stats = DominoGenerationStats()
         self._step: _Step | None = None  # the step awaiting verification
         draft.last_generation_stats = self.stats
         self.profile = bool(getattr(draft, "profile_timings", False))
         self._sync = torch.cuda.synchronize if (self.profile and draft.device.type == "cuda") else (lambda: None)
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The longest verify forward a step can ask for (anchor + proposal); transformers ≥ 5.25 reads it to
+        size what its cache records for a roll-back."""
+        return self._max_verify
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
