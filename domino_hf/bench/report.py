@@ -139,8 +139,8 @@ def draft_dtype_note(config: dict) -> str:
     return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
 
 
-HUB_KERNELS_NOTE = (" The target's layers were kernelized with Hub kernels at load (transformers' default from 5.25; "
-                    "`USE_HUB_KERNELS=0` turns it off), in every method alike.")
+HUB_KERNELS_NOTE = (" transformers kernelized the target at load (its default from 5.25: a layer with a Hub kernel for "
+                    "this device runs it; `USE_HUB_KERNELS=0` turns it off), in every method alike.")
 
 
 def environment_line(env: dict | None) -> str:
