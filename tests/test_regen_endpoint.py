@@ -113,6 +113,7 @@ def reference(server, target, tmp_path_factory):
     return _rows(out), summary
 
 
+@pytest.mark.server
 def test_answers_are_llama_cpp_greedy_in_the_target_vocabulary(reference, target):
     """Every row is what llama.cpp itself decodes greedily (in process, no server) for that prompt.
 
@@ -144,6 +145,7 @@ def test_answers_are_llama_cpp_greedy_in_the_target_vocabulary(reference, target
     assert same_ids >= len(rows) - 1
 
 
+@pytest.mark.server
 def test_concurrency_keeps_every_answer_with_its_id(server, target, reference, tmp_path):
     out = tmp_path / "c4.jsonl"
     summary = regenerate_via_endpoint(_engine(server.url, target), _prompts(), out, concurrency=4)
@@ -152,6 +154,7 @@ def test_concurrency_keeps_every_answer_with_its_id(server, target, reference, t
     assert {r["id"]: r for r in rows} == {r["id"]: r for r in reference[0]}
 
 
+@pytest.mark.server
 def test_resume_after_a_kill(server, reference, tmp_path):
     """`domino regen --endpoint` killed (SIGKILL) after its first answer, then rerun: the same data."""
     prompts_file = tmp_path / "p.jsonl"
@@ -178,6 +181,7 @@ def test_resume_after_a_kill(server, reference, tmp_path):
     assert {r["id"]: r for r in rows} == {r["id"]: r for r in reference[0]}
 
 
+@pytest.mark.server
 def test_later_turns_follow_the_servers_own_answers(server, target, reference, tmp_path):
     """`--turns all`: turn 2 is sent once turn 1 is answered, with that answer (not the source's) as history."""
     tokenizer, _ = target
@@ -195,6 +199,7 @@ def test_later_turns_follow_the_servers_own_answers(server, target, reference, t
     assert rows[2]["turn"] == 2 and rows[2]["earlier_prompts"] == [PROMPTS[0]]
 
 
+@pytest.mark.server
 def test_server_dying_mid_run_loses_nothing_and_says_so(target, reference, tmp_path):
     out = tmp_path / "out.jsonl"
     srv = LlamaServer()
@@ -234,6 +239,7 @@ def _cli(argv: list[str], caplog) -> tuple[int, str]:
     return code, "\n".join(errors)
 
 
+@pytest.mark.server
 def test_clean_errors_from_a_real_server(server, tmp_path, caplog):
     prompts_file = tmp_path / "p.jsonl"
     long_prompt = "word " * 600  # with --max-new-tokens, past the server's 512-token context
@@ -257,6 +263,7 @@ def test_clean_errors_from_a_real_server(server, tmp_path, caplog):
     assert [r["id"] for r in _rows(tmp_path / "o.jsonl")] == ["a"]  # the answer before the error is kept
 
 
+@pytest.mark.server
 def test_a_server_with_another_tokenizer_is_refused(server):
     tokenizer = make_tiny_tokenizer()
     client = EndpointClient(server.url, timeout=60, retries=0)

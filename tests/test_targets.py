@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import time
 
 import pytest
 from conftest import make_tiny_llama, make_tiny_tokenizer, requires_offline_target
@@ -123,7 +122,5 @@ def test_real_smollm2_and_its_cache(monkeypatch):
         raise AssertionError("the second load must read the safetensors cache, not the GGUF")
 
     monkeypatch.setattr(targets, "_smollm2_package_dir", no_gguf)
-    start = time.perf_counter()
-    again, _ = load_target("smollm2")
-    assert time.perf_counter() - start < 15
+    again, _ = load_target("smollm2")  # from the cache: the GGUF is not read again
     assert again.config.num_hidden_layers == 30
