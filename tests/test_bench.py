@@ -330,6 +330,26 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     assert not (tmp_path / "out" / "corrupt_speedup.png").exists()
 
 
+def test_cli_chat_template(tmp_path, tiny_tokenizer, caplog):
+    """--chat-template formats the prompts as a draft was trained (`auto`, `none`, a Jinja file); a missing file is
+    a usage error before any model loads."""
+    from domino_hf.data import chat_input_ids
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "prompt": "w1 w2 w3"}) + "\n")
+    jinja = tmp_path / "t.jinja"
+    jinja.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    built = {name: bench_cli.build_prompts(tiny_tokenizer, [str(prompts)], 1, chat_template=name)[0].input_ids
+             for name in ("auto", "none", str(jinja))}
+    assert built["auto"] == chat_input_ids(tiny_tokenizer, ["w1 w2 w3"])
+    assert built["none"] == chat_input_ids(tiny_tokenizer, ["w1 w2 w3"], chat_template="none")
+    assert built[str(jinja)] == chat_input_ids(tiny_tokenizer, ["w1 w2 w3"], chat_template=str(jinja))
+    assert len({tuple(ids) for ids in built.values()}) == 3
+    with caplog.at_level(logging.ERROR):
+        assert bench_cli.run(_parse(["--methods", "autoregressive", "--chat-template", "nope.jinja"])) == 2
+    assert "--chat-template nope.jinja: no such file" in caplog.text
+
+
 def test_humaneval_pass1_end_to_end(tiny_tokenizer):
     """The opt-in task-level check on a tiny model: generation through the chat template, out-of-process
     execution, pass@1 of both methods with CIs and the agreement verdict (garbage code: both 0, agree)."""

@@ -533,3 +533,19 @@ def test_feature_noise_perturbs_training_only_and_bad_regularisers_are_refused(t
     assert main([*argv, "--feature-noise", "-0.1", "--out", str(tmp_path / "fn")]) == 2
     assert caplog.text.count("--weight-decay, --feature-noise") == 2
     assert not (tmp_path / "wd").exists() and not (tmp_path / "fn").exists()
+
+
+def test_a_sub_vocabulary_smaller_than_asked_is_said(target, tmp_path, monkeypatch, caplog):
+    """`--draft-vocab-size` above the data's distinct response tokens still trains, and says how many it got."""
+    import domino_hf.targets
+    from domino_hf.cli import main
+
+    data = write_regen(tmp_path / "d.jsonl", target, count=4)
+    monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (target, None))
+    caplog.set_level(logging.INFO, logger="domino_hf")
+    assert main(["train", "--target", "tiny", "--data", str(data), "--num-anchors", "4", "--max-steps", "1",
+                 "--save-steps", "100", "--num-layers", "1", "--block-size", "4", "--draft-vocab-size", "1000",
+                 "--out", str(tmp_path / "run")]) == 0
+    size = DominoDraftModel.from_pretrained(tmp_path / "run" / "final").config.draft_vocab_size
+    assert size < 1000
+    assert f"--draft-vocab-size 1000: the draft's sub-vocabulary has only {size} tokens" in caplog.text

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES, cpu_has_native_bf16, dtype_name, torch_dtype
-from ..data import check_prompt_source
+from ..data import add_chat_template_argument, check_prompt_source
 from ..utils import git_tracked, looks_like_local_path
 from .runner import AR, BenchConfig, BenchPrompt
 
@@ -181,6 +181,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="system prompt for the chat template (default: none)",
     )
+    add_chat_template_argument(run)  # the format the draft was trained on (`domino regen --chat-template`)
     run.add_argument(
         "--threads",
         metavar="N",
@@ -325,8 +326,10 @@ def load_assistant(name: str, dtype, device):
         raise UsageError(f"Could not load the assistant {name!r}: {err}") from err
 
 
-def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None = None) -> list[BenchPrompt]:
-    """Read each source and apply the chat template to its first user turn (MT-Bench: turn 1)."""
+def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None = None,
+                  chat_template: str = "auto") -> list[BenchPrompt]:
+    """Read each source and format its first user turn (MT-Bench: turn 1) as `chat_template` says (`auto`: the
+    tokenizer's chat template, plain text without one; `none`; or a Jinja file)."""
     from ..data import chat_input_ids, read_prompts
 
     prompts = []
@@ -338,7 +341,8 @@ def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None 
         if not prompt_set.records:
             raise UsageError(f"Prompt source {source!r} has no usable prompts.")
         for record in prompt_set.records:
-            ids = chat_input_ids(tokenizer, record.turns[:1], system=system or record.meta.get("system"))
+            ids = chat_input_ids(tokenizer, record.turns[:1], system=system or record.meta.get("system"),
+                                 chat_template=chat_template)
             prompts.append(BenchPrompt(name, record.id, ids))
     return prompts
 
@@ -408,6 +412,9 @@ def _run(args: argparse.Namespace) -> int:
             check_prompt_source(source)
     except FileNotFoundError as err:
         raise UsageError(f"--prompts: {err}") from None
+    if args.chat_template not in ("auto", "none") and not Path(args.chat_template).expanduser().is_file():
+        raise UsageError(f"--chat-template {args.chat_template}: no such file; pass `auto`, `none` or a Jinja "
+                         "template file.")
     stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
     refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
     threads = args.threads or default_threads()  # after the argument checks: a usage error changes nothing
@@ -430,7 +437,7 @@ def _run(args: argparse.Namespace) -> int:
         for model in (target, draft, assistant):
             if model is not None:
                 optimize_for_cpu(model)
-    prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system)
+    prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system, args.chat_template)
     config = BenchConfig(
         methods=tuple(methods),
         max_new_tokens=args.max_new_tokens,
@@ -450,6 +457,7 @@ def _run(args: argparse.Namespace) -> int:
             "device": device,
             "sources": args.prompts,
             "system": args.system,
+            "chat_template": args.chat_template,
             "threads": threads,
             # transformers >= 5.25 swaps some layers for Hub kernels at load unless USE_HUB_KERNELS=0: on a GPU that
             # moves the stock baseline, so the report says whether it happened.

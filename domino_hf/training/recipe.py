@@ -232,6 +232,12 @@ def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
         logger.info(
             "Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage,
         )
+        if len(ids) < args.draft_vocab_size:
+            logger.warning(
+                "--draft-vocab-size %d: the draft's sub-vocabulary has only %d tokens, every distinct token of the "
+                "data's responses (and EOS): fewer than asked. More training data gives it more.",
+                args.draft_vocab_size, len(ids),
+            )
         overrides["draft_vocab_ids"] = ids
     config = build_config(target, tokenizer, args.config, **overrides)
     if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
