@@ -17,10 +17,11 @@ from domino_hf.training.export import export_draft, model_card
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 
-@pytest.fixture
-def local_run(tmp_path):
-    """A draft trained (here: built) for a target that lives in a local folder, saved as a draft folder."""
-    tokenizer = make_tiny_tokenizer()
+@pytest.fixture(params=["chat", "base"])
+def local_run(tmp_path, request):
+    """A draft trained (here: built) for a target that lives in a local folder, saved as a draft folder; the target
+    is an instruct model (a chat template) or a base model (none)."""
+    tokenizer = make_tiny_tokenizer() if request.param == "chat" else make_tiny_tokenizer(chat_template=None)
     target = make_tiny_llama(tokenizer)
     target.save_pretrained(tmp_path / "tiny")
     tokenizer.save_pretrained(tmp_path / "tiny")

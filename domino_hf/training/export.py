@@ -86,9 +86,13 @@ any GPU) halves drafting time and leaves every output token unchanged.
 """
 
 _CHAT = (
-    'messages = [{"role": "user", "content": "Write a haiku about dominoes."}]\n'
-    "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
+    'prompt = "Write a haiku about dominoes."\n'
+    "if tokenizer.chat_template:  # an instruct target: its chat format\n"
+    '    messages = [{"role": "user", "content": prompt}]\n'
+    "    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", "
     "return_dict=True)\n"
+    "else:  # a base model: plain text\n"
+    "    inputs = tokenizer(prompt, return_tensors=\"pt\")\n"
     "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=64, do_sample=False)  # lossless\n"
     'print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))'
 )
