@@ -13,8 +13,10 @@ Remote-code file (torch + transformers only). One speculative step, driven by tr
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
+
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
@@ -132,6 +134,17 @@ def drafting_settings(config, generation_config) -> dict:
         "cut_spans": bool(getattr(config, "cut_lookup_spans", False)),
         "backoff": bool(backoff),
     }
+
+
+def _probe_copy(criterion):
+    """A copy of a stopping criterion whose list, dict and set attributes are its own (a shallow copy would share
+    them, and with them any state the criterion updates when called); everything else, a tokenizer included, is
+    shared."""
+    probe = copy.copy(criterion)
+    for name, value in vars(criterion).items():
+        if isinstance(value, (list, dict, set)):
+            setattr(probe, name, copy.copy(value))
+    return probe
 
 
 class DominoCandidateGenerator(CandidateGenerator):
@@ -292,8 +305,11 @@ class DominoCandidateGenerator(CandidateGenerator):
         return span, ngram
 
     def _stops(self, sequence) -> bool:
-        """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires."""
-        return any(bool(c(sequence, None).any()) for c in self.extra_stopping)
+        """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires on
+        a proposed `sequence`. Each criterion is asked through a copy: a stateful one (lm-eval's stop sequences
+        remember a row once it stopped) must not remember a proposal the target may reject. A criterion may answer
+        a tensor or a plain bool."""
+        return any(bool(torch.as_tensor(_probe_copy(c)(sequence, None)).any()) for c in self.extra_stopping)
 
     # ------------------------------------------------------------------------------------------- the draft
     def _stash_context(self, model_outputs, cur_len):

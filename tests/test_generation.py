@@ -9,7 +9,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, assert_drafted, greedy_both, make_tiny_draft, make_tiny_target, tiny_prompts
+from conftest import (
+    TINY_ARCHS,
+    assert_drafted,
+    greedy_both,
+    make_tiny_draft,
+    make_tiny_target,
+    never_right_draft,
+    tiny_prompts,
+)
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
@@ -227,6 +235,41 @@ def test_custom_stopping_criteria(fitted_pair, monkeypatch):
         for ids, stop, output in cases
     )
     assert overshoot > 0
+
+
+class StopOnceSeen(StoppingCriteria):
+    """A stateful criterion in the style of lm-evaluation-harness's stop sequences: a row, once it matched, stays
+    done, and the answer is a plain bool."""
+
+    def __init__(self, token, prompt_length):
+        self.token, self.prompt_length = token, prompt_length
+        self.done = [False]
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.done[0] = self.done[0] or bool((input_ids[0, self.prompt_length:] == self.token).any())
+        return self.done[0]
+
+
+def test_stateful_stopping_criteria_never_remember_a_proposal(fitted_pair):
+    """Asking a stateful criterion about a draft's proposal must not change its state: a proposal the target
+    rejects would otherwise end generation early. Every output equals plain decoding with a fresh criterion."""
+    target, draft, prompts = fitted_pair("llama")
+    wrong = never_right_draft(target, prompts[:4], max_new_tokens=24)  # proposes only tokens the target never says
+    checked = 0
+    for ids in prompts[:4]:
+        continuation = target.generate(ids, do_sample=False, max_new_tokens=24)[0, ids.shape[1] :].tolist()
+        cases = [(draft, t) for t in dict.fromkeys(continuation[2:12])]
+        cases += [(wrong, t) for t in wrong.config.draft_vocab_ids]  # stop tokens that only a rejected draft says
+        for assistant, token in cases:
+            def stop():
+                return StoppingCriteriaList([StopOnceSeen(token, ids.shape[1])])
+
+            reference = target.generate(ids, do_sample=False, max_new_tokens=24, stopping_criteria=stop())
+            output = target.generate(ids, do_sample=False, max_new_tokens=24, stopping_criteria=stop(),
+                                     assistant_model=assistant)
+            assert output.tolist() == reference.tolist()
+            checked += 1
+    assert checked > 4
 
 
 def _letter_tokenizer(vocab_size=16):
