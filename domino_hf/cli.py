@@ -23,18 +23,31 @@ SUBCOMMANDS = {
     "export": ("domino_hf.training.export", "Turn a training run into a Hub-ready draft repo (and push it)."),
     "bench": ("domino_hf.bench.cli", "Benchmark Domino against plain, prompt-lookup, assisted and DFlash decoding."),
 }
+# Commands whose arguments belong to another tool's command line, handed over unparsed: name -> (module with
+# `cli(argv) -> int`, one-line help).
+PASSTHROUGH = {
+    "lm-eval": ("domino_hf.eval", "lm-evaluation-harness's command line with `--model domino` (scores, with τ)."),
+}
 LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _command_position(argv: list[str]) -> int | None:
+    """Where the subcommand's name is in `argv` (after the global options), or None."""
+    skip = False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+        elif arg == "--log-level":
+            skip = True
+        elif not arg.startswith("-"):
+            return i
+    return None
 
 
 def requested_command(argv: list[str]) -> str | None:
     """The subcommand named in `argv` (after the global options), or None."""
-    args = iter(argv)
-    for arg in args:
-        if arg == "--log-level":
-            next(args, None)
-        elif not arg.startswith("-"):
-            return arg if arg in SUBCOMMANDS else None
-    return None
+    position = _command_position(argv)
+    return argv[position] if position is not None and argv[position] in SUBCOMMANDS else None
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -54,11 +67,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
             importlib.import_module(module_name).register(subparsers)
         else:
             subparsers.add_parser(name, help=help_text)
+    for name, (_, help_text) in PASSTHROUGH.items():
+        subparsers.add_parser(name, help=help_text + " `domino lm-eval --help` shows its options.")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    position = _command_position(argv)
+    if position is not None and argv[position] in PASSTHROUGH:
+        return _run_passthrough(argv[position], argv[position + 1:])
     parser = build_parser(requested_command(argv))
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -72,6 +90,23 @@ def main(argv: list[str] | None = None) -> int:
         print(f"domino {args.command}: {problem}", file=sys.stderr)
         return 2
     return int(args.func(args) or 0)
+
+
+def _run_passthrough(name: str, argv: list[str]) -> int:
+    """Hand `argv` to the tool behind `name` (its `--help` is the tool's own); a missing optional dependency or an
+    unsupported transformers is one line on stderr."""
+    if "-h" not in argv and "--help" not in argv:
+        problem = unsupported_transformers()
+        if problem:
+            print(f"domino {name}: {problem}", file=sys.stderr)
+            return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        module = importlib.import_module(PASSTHROUGH[name][0])
+    except ImportError as err:
+        print(f"domino {name}: {err}", file=sys.stderr)
+        return 2
+    return int(module.cli(argv) or 0)
 
 
 def unsupported_transformers() -> str | None:

@@ -1,0 +1,242 @@
+"""lm-evaluation-harness with a Domino draft: `--model domino`, scores unchanged, τ reported.
+
+    domino lm-eval --model domino --model_args pretrained=TARGET,draft=DRAFT --tasks TASKS [lm-eval's options]
+    lm_eval.simple_evaluate(model=DominoLM(pretrained=TARGET, draft=DRAFT), tasks=[...])
+
+`DominoLM` is lm-eval's `HFLM` with one change: `generate_until` requests go through
+`generate(assistant_model=draft)`, one sequence at a time (a Domino draft verifies one sequence). Loglikelihood
+requests need no draft and run exactly as `hf` runs them, batched by `--batch_size`. Speculative decoding is
+lossless, so the scores are those of plain decoding; what changes is the time generation takes.
+
+Per task, the draft's acceptance length τ (bonus token included), the share of verify steps per source (the
+Domino block, a span looked up in the context, a plain step), the decode tokens/s and the wall time of
+generation are kept in `DominoLM.stats`; `add_domino_stats(results, lm)` writes them into a results dict, under
+`results["domino"]` and as `domino_*` rows of each task (so lm-eval's printed table shows τ next to the scores).
+`domino lm-eval` does that for every run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from collections import defaultdict
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+LM_EVAL_RANGE = ">=0.4.13,<0.5"  # the tested lm-eval releases (the `eval` extra)
+_MISSING = (f"`domino lm-eval` and `domino_hf.eval` need lm-evaluation-harness: pip install 'domino-hf[eval]' "
+            f"(lm-eval{LM_EVAL_RANGE}).")
+
+
+def require_lm_eval():
+    """Import lm_eval, or raise an ImportError naming the extra that installs it."""
+    try:
+        return importlib.import_module("lm_eval")
+    except ImportError as err:
+        raise ImportError(_MISSING) from err
+
+
+lm_eval = require_lm_eval()
+import torch  # noqa: E402
+from lm_eval.api.registry import register_model  # noqa: E402
+from lm_eval.models.huggingface import HFLM  # noqa: E402
+
+SOURCES = ("domino", "lookup", "none")
+# The most recent DominoLM: lm-eval builds the model from `--model domino` inside `simple_evaluate` and drops it
+# before returning, so `domino lm-eval` finds its numbers here.
+_LATEST: list = []
+
+
+@register_model("domino")
+class DominoLM(HFLM):
+    """lm-eval's `HFLM` with a Domino draft for `generate_until` (see the module doc).
+
+    Args:
+        pretrained (`str` or `PreTrainedModel`): the target, as for `hf` (a folder or Hub id; `smollm2` is the
+            offline SmolLM2-135M-Instruct, Q4_1 GGUF dequantised), or a loaded model.
+        draft (`str` or `DominoDraftModel`, *optional*): the Domino draft, a folder or Hub id (domino-hf's format
+            or the published Domino checkpoints', loaded with `DominoDraftModel.from_pretrained`) or a loaded
+            draft. Without one, generation is plain decoding (on the same kernels).
+        draft_dtype (`str`, *optional*): the draft's dtype (default: the target's).
+        prompt_lookup_num_tokens (`int`, *optional*): the draft's context-lookup span (0: the Domino block only).
+        optimize_cpu (`bool`, defaults to `True`): on CPU, pack target and draft weights with `optimize_for_cpu`
+            (as `domino bench` does); `False` keeps transformers' stock kernels.
+        dtype (`str`, defaults to `"float32"` on CPU, else `"auto"`): the target's dtype; fp32 keeps CPU greedy
+            decoding exact.
+        **kwargs: everything else `HFLM` takes (`batch_size`, `device`, `max_length`, `trust_remote_code`, …).
+    """
+
+    def __init__(self, pretrained, draft=None, draft_dtype: str | None = None,
+                 prompt_lookup_num_tokens: int | None = None, optimize_cpu: bool = True, **kwargs):
+        device = str(kwargs.get("device") or "cuda")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            device = "cpu"  # lm-eval's default device on a machine without a GPU (HFLM falls back the same way)
+        kwargs["device"] = device
+        on_cpu = str(device).startswith("cpu")
+        if kwargs.get("dtype") in (None, "auto") and on_cpu:
+            kwargs["dtype"] = "float32"
+        if isinstance(pretrained, str) and _is_packaged_target(pretrained):
+            from .targets import load_target
+
+            target, tokenizer = load_target(pretrained, dtype=_dtype(kwargs["dtype"]), device=device)
+            kwargs.setdefault("tokenizer", tokenizer)
+            pretrained = target
+        super().__init__(pretrained=pretrained, **kwargs)
+        self.draft_name = draft if isinstance(draft, str) else getattr(getattr(draft, "config", None), "_name_or_path",
+                                                                      None)
+        self.draft = _load_draft(draft, draft_dtype, self.model) if draft is not None else None
+        if self.draft is not None:
+            self.draft.to(self.device).eval()
+        self.prompt_lookup_num_tokens = None if prompt_lookup_num_tokens is None else int(prompt_lookup_num_tokens)
+        if optimize_cpu and on_cpu:
+            from .cpu_kernels import optimize_for_cpu
+
+            for model in (self.model, self.draft):
+                if model is not None:
+                    optimize_for_cpu(model)
+            logger.info("domino lm-eval: target%s on optimize_for_cpu kernels (optimize_cpu=False keeps the stock "
+                        "ones)", " and draft" if self.draft is not None else "")
+        self.stats: dict[str, dict[str, Any]] = {}
+        self._task = None
+        _LATEST[:] = [self]
+
+    # ------------------------------------------------------------------------------------------ generation
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        """HFLM's `generate_until`, task by task so that each task's generation is timed and its τ recorded."""
+        by_task: dict[str, list[int]] = defaultdict(list)
+        for index, request in enumerate(requests):
+            by_task[getattr(request, "task_name", None) or "all"].append(index)
+        answers: list[str | None] = [None] * len(requests)
+        for task, indices in by_task.items():
+            self._task = self.stats.setdefault(task, _new_stats())
+            start = time.perf_counter()
+            outputs = super().generate_until([requests[i] for i in indices], disable_tqdm=disable_tqdm)
+            self._task["generation_s"] += time.perf_counter() - start
+            for i, output in zip(indices, outputs):
+                answers[i] = output
+        self._task = None
+        return answers
+
+    def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
+        """Each row of the (left-padded) batch generated alone, with the draft; the rows are padded back into
+        HFLM's layout: the padded context, then the new tokens, then EOS (a stop sequence HFLM cuts at)."""
+        mask = generation_kwargs.pop("attention_mask", None)
+        if self.draft is not None:
+            generation_kwargs["assistant_model"] = self.draft
+            if self.prompt_lookup_num_tokens is not None:
+                generation_kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
+        width = context.shape[1]
+        rows = []
+        for row in range(context.shape[0]):
+            keep = mask[row].bool() if mask is not None else torch.ones(width, dtype=torch.bool)
+            prompt = context[row][keep.to(context.device)][None]  # (1, L) without its left padding
+            start = time.perf_counter()
+            out = super()._model_generate(prompt, max_length - (width - prompt.shape[1]), stop, **generation_kwargs)
+            self._record(out.shape[1] - prompt.shape[1], time.perf_counter() - start)
+            rows.append(torch.cat([context[row], out[0, prompt.shape[1]:]]))
+        eos = self.eot_token_id
+        longest = max(len(r) for r in rows)
+        return torch.stack([torch.cat([r, r.new_full((longest - len(r),), eos)]) for r in rows])
+
+    def _record(self, new_tokens: int, seconds: float) -> None:
+        if self._task is None:
+            return
+        self._task["new_tokens"] += new_tokens
+        self._task["decode_s"] += seconds
+        stats = getattr(self.draft, "last_generation_stats", None) if self.draft is not None else None
+        if stats is not None:
+            self._task["accepted"] += list(stats.accepted)
+            for source in stats.sources:
+                self._task["sources"][source] += 1
+
+
+def _new_stats() -> dict[str, Any]:
+    return {"accepted": [], "sources": defaultdict(int), "new_tokens": 0, "decode_s": 0.0, "generation_s": 0.0}
+
+
+def summary(stats: dict[str, Any]) -> dict[str, Any]:
+    """One task's numbers: τ (tokens per target verify, bonus included), source shares, tokens/s, wall time."""
+    from .modeling.generation_domino import acceptance_length
+
+    steps = sum(stats["sources"].values())
+    return {
+        "tau": acceptance_length(stats["accepted"]),
+        "verify_steps": len(stats["accepted"]),
+        "source_share": {s: (stats["sources"][s] / steps if steps else None) for s in SOURCES},
+        "new_tokens": stats["new_tokens"],
+        "decode_tokens_per_s": stats["new_tokens"] / stats["decode_s"] if stats["decode_s"] else None,
+        "generation_s": stats["generation_s"],
+    }
+
+
+def add_domino_stats(results: dict, lm: DominoLM) -> dict:
+    """Write `lm`'s per-task numbers into lm-eval's `results`: `results["domino"][task]`, and `domino_tau`,
+    `domino_tokens_per_s`, `domino_generation_s` rows under each task's metrics (printed by lm-eval's table)."""
+    numbers = {task: summary(stats) for task, stats in lm.stats.items()}
+    results["domino"] = {"draft": lm.draft_name, "tasks": numbers}
+    for task, row in numbers.items():
+        metrics = results.get("results", {}).get(task)
+        if metrics is None:
+            continue
+        if row["tau"] is not None:
+            metrics["domino_tau,none"] = row["tau"]
+        if row["decode_tokens_per_s"] is not None:
+            metrics["domino_tokens_per_s,none"] = row["decode_tokens_per_s"]
+        metrics["domino_generation_s,none"] = row["generation_s"]
+    return results
+
+
+def _is_packaged_target(name: str) -> bool:
+    from pathlib import Path
+
+    from .targets import _ALIASES
+
+    return name.lower() in _ALIASES and not Path(name).exists()
+
+
+def _dtype(name):
+    from .dtypes import torch_dtype
+
+    return name if isinstance(name, torch.dtype) else torch_dtype(str(name))
+
+
+def _load_draft(draft, draft_dtype, target):
+    """A draft folder or Hub id through domino_hf's own class: domino-hf's format or the published Domino
+    checkpoints' dialect."""
+    if not isinstance(draft, str):
+        return draft
+    from .modeling import DominoDraftModel
+
+    dtype = _dtype(draft_dtype) if draft_dtype else target.dtype
+    return DominoDraftModel.from_pretrained(draft, dtype=dtype)
+
+
+def cli(argv: list[str]) -> int:
+    """`domino lm-eval ARGS`: lm-eval's own command line with `--model domino` registered; the results gain the
+    draft's per-task numbers."""
+    original = lm_eval.simple_evaluate
+
+    def simple_evaluate(*args, **kwargs):
+        _LATEST.clear()
+        results = original(*args, **kwargs)
+        if results is not None and _LATEST:
+            add_domino_stats(results, _LATEST[0])
+        _LATEST.clear()
+        return results
+
+    from lm_eval.__main__ import cli_evaluate
+
+    saved = sys.argv
+    lm_eval.simple_evaluate = simple_evaluate
+    sys.argv = ["lm-eval", *argv]
+    try:
+        cli_evaluate()
+    except SystemExit as exit:
+        return int(exit.code or 0)
+    finally:
+        lm_eval.simple_evaluate = original
+        sys.argv = saved
+    return 0
