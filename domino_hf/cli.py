@@ -85,9 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 1
-    problem = unsupported_transformers()
-    if problem:
-        print(f"domino {args.command}: {problem}", file=sys.stderr)
+    if refuse_unsupported_transformers(args.command):
         return 2
     return int(args.func(args) or 0)
 
@@ -95,11 +93,8 @@ def main(argv: list[str] | None = None) -> int:
 def _run_passthrough(name: str, argv: list[str]) -> int:
     """Hand `argv` to the tool behind `name` (its `--help` is the tool's own); a missing optional dependency or an
     unsupported transformers is one line on stderr."""
-    if "-h" not in argv and "--help" not in argv:
-        problem = unsupported_transformers()
-        if problem:
-            print(f"domino {name}: {problem}", file=sys.stderr)
-            return 2
+    if "-h" not in argv and "--help" not in argv and refuse_unsupported_transformers(name):
+        return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         module = importlib.import_module(PASSTHROUGH[name][0])
@@ -109,9 +104,9 @@ def _run_passthrough(name: str, argv: list[str]) -> int:
     return int(module.cli(argv) or 0)
 
 
-def unsupported_transformers() -> str | None:
-    """One line naming the supported range when the installed transformers is outside it, else None. Checked
-    before a command runs; `--help` works on any release."""
+def refuse_unsupported_transformers(command: str) -> bool:
+    """When the installed transformers is outside the supported range, print one line naming it and return True.
+    Checked before a command runs; `--help` works on any release."""
     from .modeling.dispatch_domino import UnsupportedTransformersError, check_transformers_version
 
     import transformers
@@ -119,8 +114,9 @@ def unsupported_transformers() -> str | None:
     try:
         check_transformers_version(transformers.__version__)
     except UnsupportedTransformersError as err:
-        return str(err)
-    return None
+        print(f"domino {command}: {err}", file=sys.stderr)
+        return True
+    return False
 
 
 if __name__ == "__main__":

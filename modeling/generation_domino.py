@@ -210,8 +210,6 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
         )
-        # The most tokens one verify forward can hold: the anchor (or bonus) token plus the longest proposal.
-        self._max_verify = 1 + max(self.config.num_draft_tokens, settings["lookup_tokens"])
         self.stats = DominoGenerationStats()
         self._step: _Step | None = None  # the step awaiting verification
         draft.last_generation_stats = self.stats
@@ -222,7 +220,7 @@ class DominoCandidateGenerator(CandidateGenerator):
     def num_drafting_tokens(self) -> int:
         """The longest verify forward a step can ask for (anchor + proposal); transformers ≥ 5.25 reads it to
         size what its cache records for a roll-back."""
-        return self._max_verify
+        return 1 + max(self.config.num_draft_tokens, self.lookup.max_tokens if self.lookup is not None else 0)
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):

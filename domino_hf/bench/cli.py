@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES, cpu_has_native_bf16, dtype_name, torch_dtype
-from ..data import add_chat_template_argument, check_prompt_source
+from ..data import add_chat_template_argument, check_chat_template, check_prompt_source
 from ..utils import git_tracked, looks_like_local_path
 from .runner import AR, BenchConfig, BenchPrompt
 
@@ -412,9 +412,10 @@ def _run(args: argparse.Namespace) -> int:
             check_prompt_source(source)
     except FileNotFoundError as err:
         raise UsageError(f"--prompts: {err}") from None
-    if args.chat_template not in ("auto", "none") and not Path(args.chat_template).expanduser().is_file():
-        raise UsageError(f"--chat-template {args.chat_template}: no such file; pass `auto`, `none` or a Jinja "
-                         "template file.")
+    try:
+        check_chat_template(args.chat_template)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
     stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
     refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
     threads = args.threads or default_threads()  # after the argument checks: a usage error changes nothing

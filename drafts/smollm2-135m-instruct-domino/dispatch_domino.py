@@ -61,7 +61,7 @@ def candidate_generator_class(draft):
     if written_for is not None and _release(transformers.__version__) >= tuple(written_for):
         raise ValueError(
             f"This Domino draft's remote code ({module.__file__}) was written for transformers<"
-            f"{'.'.join(map(str, written_for))} and predates the installed {transformers.__version__}. Load the "
+            f"{_dotted(written_for)} and predates the installed {transformers.__version__}. Load the "
             "draft with domino-hf's own code instead (`domino_hf.DominoDraftModel.from_pretrained(path)`, or "
             "`AutoModel.from_pretrained(path)` without trust_remote_code once domino_hf is imported), or "
             "re-export it with the current domino-hf: `domino export PATH --out NEW_FOLDER --dtype <its dtype>`."
@@ -88,9 +88,13 @@ class UnsupportedTransformersError(ImportError):
     """The installed transformers is outside `MIN_TRANSFORMERS` ≤ version < `MAX_TRANSFORMERS`."""
 
 
+def _dotted(release) -> str:
+    return ".".join(map(str, release))
+
+
 def supported_range() -> str:
     """The supported releases as a pip specifier, e.g. `>=5.23,<5.26`."""
-    return f">={'.'.join(map(str, MIN_TRANSFORMERS))},<{'.'.join(map(str, MAX_TRANSFORMERS))}"
+    return f">={_dotted(MIN_TRANSFORMERS)},<{_dotted(MAX_TRANSFORMERS)}"
 
 
 def _cache_argument(version: str) -> str:
