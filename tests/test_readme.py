@@ -1,8 +1,10 @@
 """The README's first snippet runs exactly as pasted (from the checkout root), and so does the `Use` snippet
-after it; the shipped model card's metadata and snippet are true."""
+after it; its results block is what the renderer makes of the committed report; the shipped model card's
+metadata and snippet are true."""
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -12,8 +14,11 @@ import pytest
 from conftest import requires_offline_target
 from huggingface_hub import ModelCard
 
+from domino_hf.bench import readme_table
+
 ROOT = Path(__file__).resolve().parent.parent
 CARD = ROOT / "drafts" / "smollm2-135m-instruct-domino" / "README.md"
+REPORT = ROOT / "docs" / "bench" / "bench.json"
 
 
 def _python_blocks(text: str) -> list[str]:
@@ -25,6 +30,38 @@ def test_first_snippet_defines_everything_it_uses():
     for name in ("target", "tokenizer", "draft", "inputs"):
         assert re.search(rf"^{name}\b.*=|^{name}, \w+ = |, {name} = ", first, re.M), name
     assert "TARGET" not in first and "DRAFT_DIR_OR_HUB_ID" not in first
+
+
+def _rendered_block() -> str:
+    report = json.loads(REPORT.read_text())
+    return readme_table.render(report, readme_table.markdown_source(REPORT, ROOT / "README.md"))
+
+
+def test_readme_results_block_is_rendered_from_the_committed_report():
+    committed = readme_table.current_block((ROOT / "README.md").read_text())
+    assert committed == _rendered_block(), (
+        "README.md's results block differs from docs/bench/bench.json: run "
+        "`python -m domino_hf.bench.readme_table docs/bench/bench.json --write README.md`"
+    )
+
+
+def test_results_block_carries_the_report_numbers(tmp_path):
+    report = json.loads(REPORT.read_text())
+    domino = report["methods"]["domino"]
+    block = _rendered_block()
+    assert f"{domino['tau']:.2f}" in block and f"{domino['speedup']:.2f}×" in block
+    assert report["config"]["environment"]["transformers"] in block and "domino bench --target" in block
+    edited = json.loads(REPORT.read_text())
+    edited["methods"]["domino"]["speedup"] += 0.5  # an edited number no longer matches the committed README
+    assert readme_table.render(edited, "docs/bench/bench.md") != block
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n" + readme_table.BEGIN + "\nold\n" + readme_table.END + "\noutro\n")
+    assert readme_table.main([str(REPORT), "--write", str(readme)]) == 0
+    text = readme.read_text()
+    assert text.startswith("intro\n") and text.endswith("\noutro\n") and "old" not in text
+    assert readme_table.current_block(text).count(f"{domino['tau']:.2f}") >= 1
+    with pytest.raises(ValueError):
+        readme_table.replace_block("no markers here", block)
 
 
 def test_shipped_card_metadata():
