@@ -1,9 +1,9 @@
-"""Print the recipe-ablation table of `examples/ablate_smollm2.sh` as Markdown (for docs/training.md).
+"""Print the recipe-ablation table of `examples/ablate_smollm2.sh` as Markdown (for docs/experiments.md).
 
 Per arm: held-out τ of the block alone (`domino_no_lookup`) over the five prompt sets and per set, slot-1
 acceptance, the head's gain over DFlash mode with the same weights, τ as shipped (block or context span, where
 measured), and the training cost in CPU-hours (user + system time of `domino train`, summed over resumed
-sessions).
+runs).
 
     python examples/ablation_table.py [--dir ~/.cache/domino-hf/ablations]
 """

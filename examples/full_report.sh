@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The full benchmark report committed under docs/bench/full/ (≈ 1.5 h on 2 CPU cores; run it on a quiet machine).
+# The full benchmark report into docs/bench/full/ (≈ 1.5 h on 2 CPU cores; run it on a quiet machine). What is
+# committed there now is a historical run of the first draft on stock kernels (docs/bench/README.md); this script
+# replaces it with today's draft and code.
 # Every run puts all its methods in one process on the same target, so its ratios are comparable; absolute
 # times are not comparable across runs. Extra arguments go to every `domino bench` call.
 set -euo pipefail

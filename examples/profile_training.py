@@ -1,11 +1,10 @@
-"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Training on a
-big-vocabulary target").
+"""Where a training step's seconds go on a big-vocabulary target (docs/training.md, "Throughput levers").
 
     python examples/profile_training.py [--vocab 262144] [--draft-vocab-size K] [--features] [--steps 4]
 
 Builds a random-weight target shaped like Gemma-3-270M (18 layers, hidden 640, 262,144-row tied LM head,
 sliding-window layers; timing needs no trained weights), random regen-style data (32 prompt + 64 response
-tokens per example, as in the issue's trial), and runs `domino train`'s real trainer for a few steps with timers
+tokens per example), and runs `domino train`'s real trainer for a few steps with timers
 around its phases: the target's forward (skipped with --features: the features are made in memory), the draft
 backbone, the vocabulary-sized part of the objective (LM-head rows, Domino-head correction, cross entropy), the
 backward pass and the optimizer step. The first step is warm-up and not counted. Prints one JSON line with

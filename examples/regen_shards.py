@@ -1,14 +1,13 @@
-"""Carry the SmolLM2 data job (issue #11) across machines: committed shards <-> the job's cache files.
+"""Carry the SmolLM2 data job across machines: committed shards <-> the job's cache files.
 
-Why: a session's `~/.cache/domino-hf` does not survive a change of machine (sessions 6 and 7 both started
-empty), so the regenerated answers are committed as gzipped JSONL shards under `data/regen/`, each holding
-only the records no earlier shard has.
+Why: `~/.cache/domino-hf` does not survive a change of machine, so the regenerated answers are committed as
+gzipped JSONL shards under `data/regen/`, each holding only the records no earlier shard has.
 
     python examples/regen_shards.py seed    # before the job starts: cache file <- committed shards of its stream
-    python examples/regen_shards.py export  # at the end of a session: new cache records -> a new shard
+    python examples/regen_shards.py export  # before leaving a machine: new cache records -> a new shard
 
 `domino regen` resumes from its `--out` file (ids already there are skipped), so seeding it with the committed
-records resumes the job where the last exported session stopped. Shards are named
+records resumes the job where the last export stopped. Shards are named
 `<stream>-<UTC date>-<n>.jsonl.gz`; `domino train --data data/regen/*.jsonl.gz` reads them directly.
 """
 

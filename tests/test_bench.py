@@ -78,7 +78,7 @@ def test_runner_reports_every_field(greedy_result):
 
 
 def test_profile_splits_every_step(greedy_result):
-    """Issue 5's per-step profile on CPU (on by default): every phase per method, the draft phases only
+    """The per-step profile on CPU (on by default): every phase per method, the draft phases only
     where a draft ran, parts that add up to the step time, the ratios."""
     from domino_hf.bench.instrument import DRAFT_PHASES, PHASES
 
@@ -383,7 +383,7 @@ def test_draft_dtype_auto(monkeypatch):
 
 def test_resolve_dtype_auto_and_slow_half_precision(monkeypatch, caplog):
     """A data command's --dtype: auto = bf16 only where it is fast; an explicit bf16 on a CPU without native bf16
-    is kept but warned about (emulated there: session 16 measured a bf16 GEMM 60x slower than fp32)."""
+    is kept but warned about (emulated there: a bf16 GEMM measured 60x slower than fp32 on an AVX2-only CPU)."""
     import domino_hf.dtypes as dtypes
 
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
