@@ -1,0 +1,108 @@
+"""Memory and step cost of `SuffixCache` at 10k, 100k and 1M cached tokens.
+
+The store is filled with the SmolLM2 target's own answers (prompt + response token ids of the committed training
+data, data/regen/*.jsonl.gz), and looked up with held-out answers cut at random points: the last 64 tokens of
+each cut are the context, as in a decoding step. Reports, per size: the arrays' memory, the time of one lookup
+(median and 99th percentile), how often a lookup proposes something and how long its proposal is, and the time
+to add a sequence per token.
+
+    python examples/suffix_cache_cost.py --out docs/bench/suffix_cache
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from domino_hf.modeling.suffix_domino import SuffixCache
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def read_sequences(limit_tokens: int) -> list[list[int]]:
+    sequences, total = [], 0
+    for path in sorted((ROOT / "data" / "regen").glob("**/*.jsonl.gz")):
+        with gzip.open(path, "rt") as fh:
+            for line in fh:
+                row = json.loads(line)
+                seq = list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])
+                if len(seq) > 8:
+                    sequences.append(seq)
+                    total += len(seq) + 1
+                if total >= limit_tokens:
+                    return sequences
+    return sequences
+
+
+def measure(size: int, sequences: list[list[int]], held_out: list[list[int]], lookups: int, span: int) -> dict:
+    cache = SuffixCache(max_tokens=size)
+    add_times, added = [], 0
+    for seq in sequences:
+        if added >= size:
+            break
+        start = time.perf_counter()
+        cache.add(seq)
+        add_times.append((time.perf_counter() - start) / (len(seq) + 1))
+        added += len(seq) + 1
+    rng = random.Random(0)
+    times, lengths, hits = [], [], 0
+    for _ in range(lookups):
+        seq = rng.choice(held_out)
+        cut = rng.randint(4, len(seq) - 1)
+        context = seq[max(0, cut - 64) : cut]
+        start = time.perf_counter()
+        match = cache.lookup(context, span)
+        times.append(time.perf_counter() - start)
+        if match is not None:
+            hits += 1
+            lengths.append(len(match.tokens))
+    times.sort()
+    return {
+        "cached_tokens": cache.num_tokens,
+        "capacity_tokens": size,
+        "memory_mb": cache.nbytes / 1e6,
+        "lookup_us_median": 1e6 * statistics.median(times),
+        "lookup_us_p99": 1e6 * times[int(0.99 * (len(times) - 1))],
+        "lookup_hit_rate": hits / lookups,
+        "mean_span": statistics.mean(lengths) if lengths else 0.0,
+        "add_us_per_token_median": 1e6 * statistics.median(add_times),
+    }
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--lookups", type=int, default=2000)
+    parser.add_argument("--span", type=int, default=16, help="tokens asked of each lookup (default: %(default)s)")
+    parser.add_argument("--out", "--output_dir", dest="out", default="runs/suffix_cache")
+    args = parser.parse_args(argv)
+    pool = read_sequences(max(args.sizes) + 200_000)
+    rng = random.Random(1)
+    rng.shuffle(pool)
+    held_out, stored = pool[:500], pool[500:]
+    rows = [measure(size, stored, held_out, args.lookups, args.span) for size in args.sizes]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "cost.json").write_text(json.dumps({"config": vars(args), "rows": rows}, indent=1))
+    lines = [
+        "| cached tokens | memory | lookup (median) | lookup (p99) | lookups that propose | mean span "
+        "| add, per token |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['cached_tokens']:,} | {r['memory_mb']:.1f} MB | {r['lookup_us_median']:.0f} µs | "
+            f"{r['lookup_us_p99']:.0f} µs | {100 * r['lookup_hit_rate']:.0f}% | {r['mean_span']:.1f} | "
+            f"{r['add_us_per_token_median']:.1f} µs |"
+        )
+    (out / "cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
