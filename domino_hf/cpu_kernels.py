@@ -22,6 +22,11 @@ Contract of `optimize_for_cpu(model)`:
   `domino train` still undoes the optimisation first (`restore_stock_kernels`) to free the copies.
 * On a model that is not on the CPU it does nothing and warns once.
 * Memory: one packed copy per weight (+ the model's Linear weights in resident memory, measured in the docs).
+* Attention and KV cache, for a model that generates (the target): attention on "sdpa" switches to
+  `cpu_attention.ATTENTION_NAME` (grouped-query heads inside the call: no copy of the cache per verify), and
+  `generate` decodes on a `kv_cache.GrowingCache` (appends in place instead of `torch.cat`). Both through
+  transformers' public extension points, on one model instance; plain decoding and every speculative method
+  run on them alike. `restore_stock_kernels` and `stock_kernels` undo them too.
 
 Outputs are not bit-identical to stock kernels (another summation order), but as close as two fp32 GEMMs
 get (≤ 1e-4 on logits in the tests); the target with optimized kernels is the model you decode with, and
@@ -40,6 +45,9 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .cpu_attention import use_gqa_attention, use_stock_attention
+from .kv_cache import GrowingCacheGenerate, use_default_cache, use_growing_cache
 
 logger = logging.getLogger(__name__)
 
@@ -221,11 +229,31 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
     if any(rows_used):
         logger.info("optimize_for_cpu: stock kernels where faster on this CPU: %s.", ", ".join(
             f"{n} layer(s) up to {rows} token(s)" for rows, n in sorted(rows_used.items()) if rows))
+    _use_fast_attention_and_cache(model)
     return model
 
 
+def _use_fast_attention_and_cache(model: nn.Module) -> tuple[bool, bool]:
+    """Grouped-query attention without repeated heads and the growing KV cache, for a model that generates."""
+    can_generate = getattr(model, "can_generate", None)
+    if not callable(can_generate) or not can_generate():
+        return False, False
+    attention, cache = use_gqa_attention(model), use_growing_cache(model)
+    logger.info("optimize_for_cpu: %s; %s.",
+                "grouped-query attention without repeated heads" if attention else "attention unchanged",
+                "generate appends to a growing KV cache in place" if cache else "KV cache unchanged")
+    return attention, cache
+
+
+def _use_stock_attention_and_cache(model: nn.Module) -> None:
+    use_stock_attention(model)
+    use_default_cache(model)
+
+
 def restore_stock_kernels(model: nn.Module) -> nn.Module:
-    """Undo `optimize_for_cpu`: plain `nn.Linear` layers again, packed copies freed. Idempotent."""
+    """Undo `optimize_for_cpu`: plain `nn.Linear` layers again, packed copies freed, stock attention and KV
+    cache. Idempotent."""
+    _use_stock_attention_and_cache(model)
     for module in model.modules():
         if type(module) is PackedLinear:
             module.__class__ = nn.Linear
@@ -242,16 +270,24 @@ def is_optimized(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def stock_kernels(model: nn.Module) -> Iterator[nn.Module]:
-    """Temporarily run an optimized model on the stock kernels (the packed copies are kept for afterwards).
+    """Temporarily run an optimized model on the stock kernels (the packed copies are kept for afterwards),
+    stock attention and the stock KV cache included.
 
     The benchmark uses it to time stock transformers decoding interleaved with the optimized methods on one
     loaded model.
     """
     layers = [m for m in model.modules() if type(m) is PackedLinear]
+    attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    growing = isinstance(model.__dict__.get("generate"), GrowingCacheGenerate)
     for module in layers:
         module.__class__ = nn.Linear
+    _use_stock_attention_and_cache(model)
     try:
         yield model
     finally:
         for module in layers:
             module.__class__ = PackedLinear
+        if attention != getattr(model.config, "_attn_implementation", attention):
+            use_gqa_attention(model)
+        if growing:
+            use_growing_cache(model)
