@@ -42,6 +42,18 @@ def add_target_arguments(parser, default: str | None = "smollm2", required: bool
     )
 
 
+CHAT_TEMPLATE_HELP = (
+    "How prompts become text: `auto` uses the tokenizer's chat template, or plain text (turns joined by blank "
+    "lines) for a base model without one, said once in the log; `none` always plain text; or a Jinja template "
+    "file (default: %(default)s)."
+)
+
+
+def add_chat_template_argument(parser) -> None:
+    """`--chat-template auto|none|PATH` for every command that turns prompts into token ids (`domino_hf.chat`)."""
+    parser.add_argument("--chat-template", default="auto", metavar="auto|none|PATH", help=CHAT_TEMPLATE_HELP)
+
+
 def add_device_argument(parser) -> None:
     """`--device` for the target of a data command (`regen`, `features`); see `target_device`."""
     parser.add_argument("--device", default=None, help="Device for the target, e.g. `cpu` or `cuda:0` (default: "

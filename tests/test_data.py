@@ -74,7 +74,7 @@ def test_malformed_records_are_skipped_and_counted(tmp_path, caplog):
         json.dumps({"prompt": "bad reference", "reference": 3}),
     ]
     path = _write_jsonl(tmp_path / "p.jsonl", GOOD_LINES[:2], raw_lines=["", *bad])
-    with caplog.at_level(logging.WARNING, logger="domino_hf.data"):
+    with caplog.at_level(logging.WARNING, logger="domino_hf.prompt_records"):
         prompts = read_prompts(str(path))
     assert [r.id for r in prompts] == ["a", "7"]
     assert prompts.skipped == len(bad)  # the blank line is not a record
@@ -179,7 +179,7 @@ def test_chat_template_none_path_and_auto_fallback_logged_once(tmp_path, caplog)
         chat_input_ids(chat, ["w1"], chat_template=str(tmp_path / "missing.jinja"))
     base = make_tiny_tokenizer(chat_template=None)
     base.name_or_path = "base-model-for-this-test"
-    with caplog.at_level(logging.WARNING, logger="domino_hf.data"):
+    with caplog.at_level(logging.WARNING, logger="domino_hf.chat"):
         for _ in range(3):
             assert base.decode(chat_input_ids(base, ["w1"])) == "w1"
     assert caplog.text.count("base-model-for-this-test has no chat template: prompts are plain text") == 1

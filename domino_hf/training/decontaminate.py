@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable
-from ..data import PACKAGED_SETS, read_prompts
+
+from ..benchmark_sets import BENCHMARK_SOURCES, read_benchmark
 
 logger = logging.getLogger(__name__)
 
-BENCHMARK_SOURCES = ("humaneval", *PACKAGED_SETS)
 _WORD = re.compile(r"\w+")
 
 
@@ -52,7 +52,7 @@ class BenchmarkFilter:
         texts: list[str] = []
         for source in sources:
             try:
-                texts += [turn for record in read_prompts(source).records for turn in record.turns]
+                texts += [turn for record in read_benchmark(source).records for turn in record.turns]
             except (OSError, ImportError) as err:
                 logger.warning("decontamination: cannot read benchmark %s (%s); not filtered against it", source, err)
         return cls(texts, ngram=ngram)
