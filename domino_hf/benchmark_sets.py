@@ -16,7 +16,8 @@ from .prompt_records import MalformedRecord, PromptSet, collect_records, iter_js
 
 # Prompt sets shipped as package data (`domino_hf/prompt_sets/NAME.jsonl`, origins and licences in its README),
 # read by short name.
-PACKAGED_SETS = ("mt_bench", "alpaca", "sum", "qa", "copy_heavy", "translation", "rag_qa", "math_word")
+PACKAGED_SETS = ("mt_bench", "alpaca", "sum", "qa", "copy_heavy", "translation", "rag_qa", "math_word",
+                 "long_qa", "long_sum", "long_chat")
 BENCHMARK_SOURCES = ("humaneval", *PACKAGED_SETS)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 
