@@ -16,7 +16,7 @@ from .cli_common import HelpFormatter
 
 # name -> (module with `register(subparsers)`, one-line help for `domino --help`)
 SUBCOMMANDS = {
-    "regen": ("domino_hf.training.regen", "Have the target answer prompts: the training data for a draft."),
+    "regen": ("domino_hf.training.regen_cli", "Have the target answer prompts: the training data for a draft."),
     "self-prompts": ("domino_hf.training.self_prompts", "Have the target write user prompts: a training source."),
     "features": ("domino_hf.training.features", "Cache the target's context features of training data (resumable)."),
     "train": ("domino_hf.training.recipe", "Train a Domino draft for a target on regenerated data."),

@@ -18,7 +18,7 @@ import gzip
 import json
 from pathlib import Path
 
-from domino_hf.training.regen import read_existing
+from domino_hf.training.answers import read_existing
 from domino_hf.utils import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent

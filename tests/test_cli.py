@@ -119,7 +119,7 @@ def test_target_options_everywhere(command, required):
 @pytest.mark.parametrize("command", ["train", "features", "regen"])
 def test_target_options_reach_load_target(command, tmp_path, monkeypatch, caplog):
     import domino_hf.targets
-    from domino_hf.training import regen
+    from domino_hf.training import regen_cli
 
     seen = []
 
@@ -128,7 +128,7 @@ def test_target_options_reach_load_target(command, tmp_path, monkeypatch, caplog
         raise OSError("no target in this test")
 
     monkeypatch.setattr(domino_hf.targets, "load_target", spy)
-    monkeypatch.setattr(regen, "load_target", spy)
+    monkeypatch.setattr(regen_cli, "load_target", spy)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "hi"}) + "\n")
     required = {"train": ["--data", str(data)], "features": ["--data", str(data), "--config", str(data)],

@@ -188,11 +188,11 @@ def test_a_missing_package_names_the_fix(monkeypatch):
 def test_regen_answers_a_mix_of_built_sources(tiny_llama, tmp_path, monkeypatch):
     """`domino regen --prompts chatterbot,python-docs --limit 4`: the first four interleaved records, by id."""
     pytest.importorskip("chatterbot_corpus")
-    from domino_hf.training import regen
+    from domino_hf.training import regen_cli
 
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
-    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    regen_cli.register(parser.add_subparsers())
+    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", "chatterbot,python-docs", "--limit", "4", "--out", str(out),
                               "--max-new-tokens", "2", "--max-prompt-tokens", "4096", "--device", "cpu"])

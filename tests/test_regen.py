@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from domino_hf.data import PromptRecord, PromptSet, chat_input_ids
-from domino_hf.training import regen
-from domino_hf.training.regen import generate_batch, read_existing, regenerate
+from domino_hf.training import regen, regen_cli
+from domino_hf.training.answers import read_existing
+from domino_hf.training.regen import generate_batch, regenerate
 
 FIELDS = ["id", "prompt", "response", "prompt_ids", "response_ids", "finished"]
 
@@ -137,7 +138,7 @@ def test_sampling_is_seeded(tiny_llama, tmp_path):
 
 def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
+    regen_cli.register(parser.add_subparsers())
     with pytest.raises(SystemExit):
         parser.parse_args(["regen", "--help"])
     help_text = capsys.readouterr().out
@@ -148,7 +149,7 @@ def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     prompts_file = tmp_path / "p.jsonl"
     prompts_file.write_text("".join(json.dumps({"id": r.id, "prompt": r.turns[0]}) + "\n"
                                     for r in _prompts(3).records) + "{broken\n")
-    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "3",
                               "--device", "cpu"])
@@ -164,9 +165,9 @@ def test_cli_dtype_auto_follows_the_cpu(native_bf16, tiny_llama, tmp_path, monke
 
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: native_bf16)
     loaded = []
-    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **kw: loaded.append(dtype) or tiny_llama)
+    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **kw: loaded.append(dtype) or tiny_llama)
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
+    regen_cli.register(parser.add_subparsers())
     prompts_file = tmp_path / "p.jsonl"
     prompts_file.write_text(json.dumps({"id": "p0", "prompt": "hello"}) + "\n")
     args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(tmp_path / "o.jsonl"),
@@ -178,7 +179,7 @@ def test_cli_dtype_auto_follows_the_cpu(native_bf16, tiny_llama, tmp_path, monke
 
 def test_cli_bad_source_is_a_clean_error(tmp_path, caplog):
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
+    regen_cli.register(parser.add_subparsers())
     args = parser.parse_args(["regen", "--prompts", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "o")])
     assert args.func(args) == 2
     assert "neither a file nor" in caplog.text

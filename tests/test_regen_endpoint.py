@@ -30,7 +30,7 @@ from domino_hf.training.endpoint import (
     EndpointClient, EndpointError, EndpointRegen, RequestRejected, ServerUnavailable, TokenizerMismatch,
     regenerate_via_endpoint,
 )
-from domino_hf.training.regen import read_existing
+from domino_hf.training.answers import read_existing
 
 MAX_NEW = 12
 PROMPTS = ["Name three colors.", "What is 2+2?", "Write a haiku about rain.", "Say hello in French.",

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from domino_hf.data import chat_input_ids, read_prompts
-from domino_hf.training import regen
+from domino_hf.training import regen_cli
 from domino_hf.training.dataset import AnchorCollator, RegenDataset
 from domino_hf.training.regen import regenerate
 
@@ -170,12 +170,12 @@ def test_multi_turn_records_train_on_their_response_only(tiny_llama, tmp_path):
 
 def test_cli_turns_all(tiny_llama, tmp_path, monkeypatch, capsys):
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
+    regen_cli.register(parser.add_subparsers())
     with pytest.raises(SystemExit):
         parser.parse_args(["regen", "--out", "o", "--turns", "some"])
     assert "invalid choice: 'some'" in capsys.readouterr().err
     _write_sharegpt(tmp_path / "sharegpt.jsonl")
-    monkeypatch.setattr(regen, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", str(tmp_path / "sharegpt.jsonl"), "--out", str(out),
                               "--max-new-tokens", "3", "--device", "cpu", "--turns", "all"])

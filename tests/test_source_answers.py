@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from domino_hf.data import chat_input_ids, parse_record, read_prompts
-from domino_hf.training import regen
+from domino_hf.training import regen_cli
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.source_answers import write_source_answers
 
@@ -36,7 +36,7 @@ def _rows(path):
 
 def _regen_args(*argv):
     parser = argparse.ArgumentParser(prog="domino")
-    regen.register(parser.add_subparsers())
+    regen_cli.register(parser.add_subparsers())
     return parser.parse_args(["regen", *argv])
 
 
@@ -48,7 +48,7 @@ def test_conversation_records_keep_the_sources_replies_beside_the_user_turns():
 
 
 def test_source_answers_are_written_cut_marked_and_resumable(tiny_tokenizer, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(regen, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
+    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
     out = tmp_path / "source.jsonl"
     args = _regen_args("--prompts", str(_source_file(tmp_path)), "--out", str(out), "--responses", "source",
                        "--max-new-tokens", "8")
@@ -90,7 +90,7 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
     from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
     model, tokenizer = tiny_llama
-    monkeypatch.setattr(regen, "load_target_tokenizer", lambda name, **hub: (tokenizer, None))
+    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tokenizer, None))
     source = tmp_path / "source.jsonl"
     args = _regen_args("--prompts", str(_source_file(tmp_path)), "--out", str(source), "--responses", "source")
     assert args.func(args) == 0
@@ -133,7 +133,7 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
 
 
 def test_a_source_without_replies_writes_nothing_and_says_why(tiny_tokenizer, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(regen, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
+    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p", "prompt": "w1 w2"}) + "\n")
     out = tmp_path / "o.jsonl"

@@ -1,6 +1,6 @@
 """Training data: regenerated (prompt, response) token ids, anchor sampling, and the draft sub-vocabulary.
 
-Input is the JSONL that `domino regen` writes (`prompt_ids`, `response_ids`; see `domino_hf.training.regen`).
+Input is the JSONL that `domino regen` writes (`prompt_ids`, `response_ids`; see `domino_hf.training.answers`).
 Anchors are drawn inside the response only, from a generator seeded by (seed, example, epoch): the same run
 always sees the same blocks, whatever the number of processes and however often it was resumed.
 """

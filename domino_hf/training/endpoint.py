@@ -16,11 +16,9 @@ target-tokenizer ids in the same append-only JSONL, and a killed run resumes whe
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import logging
-import os
 import random
 import re
 import threading
@@ -34,12 +32,14 @@ from urllib.parse import urlsplit
 
 from tqdm.auto import tqdm
 
-from ..data import PromptSet
-from .regen import append_lines, _special_ids, make_row, plan_turns, summarize
+from ..prompt_records import PromptSet
+from .answers import RegenOptions, append_lines, make_row, plan_turns, special_ids, summarize
 from .turns import TurnPrompt
 
 logger = logging.getLogger(__name__)
 
+# The options that shape a request, fixed when an `EndpointRegen` is made.
+GENERATION_OPTIONS = ("max_new_tokens", "temperature", "seed")
 # `owned_by` in /v1/models tells the engines apart; each has its own names for the sampling switches.
 _VLLM_LIKE = {"vllm", "sglang"}
 _LLAMA_CPP_LIKE = {"me", "llamacpp", "llama.cpp"}  # llama-cpp-python says "me"
@@ -219,17 +219,21 @@ def _seconds(value: str | None) -> float | None:
 class EndpointRegen:
     """Answers prompts through one served model; see the module docstring for the contract.
 
-    Construction checks the server: it is reachable, it serves `model` (or exactly one model when `model` is
-    None), and where it exposes a tokenize route, its tokenizer matches `tokenizer`.
+    `options` (a `RegenOptions`, with `changes` applied) are the run's; its `GENERATION_OPTIONS` shape every
+    request (a sampling run without a seed uses seed 0). Construction checks the server: it is reachable, it
+    serves `model` (or exactly one model when `model` is None), and where it exposes a tokenize route, its
+    tokenizer matches `tokenizer`.
     """
 
     def __init__(self, client: EndpointClient, tokenizer: Any, generation_config: Any, model: str | None = None,
-                 max_new_tokens: int = 128, temperature: float = 0.0, seed: int = 0):
-        if max_new_tokens < 1 or temperature < 0:
+                 options: RegenOptions | None = None, **changes: Any):
+        self.options = RegenOptions.of(options, **changes)
+        if self.options.max_new_tokens < 1 or self.options.temperature < 0:
             raise ValueError("max_new_tokens must be positive and temperature non-negative")
         self.client, self.tokenizer = client, tokenizer
-        self.max_new_tokens, self.temperature, self.seed = max_new_tokens, temperature, seed
-        _, self.eos_ids = _special_ids(generation_config, tokenizer)
+        self.max_new_tokens, self.temperature = self.options.max_new_tokens, self.options.temperature
+        self.seed = self.options.seed or 0
+        _, self.eos_ids = special_ids(generation_config, tokenizer)
         self.model, self.engine = self._pick_model(model)
         self.send_ids: bool | None = None  # decided by the first request: ids if the server takes them
         self._check_tokenizer()
@@ -360,30 +364,23 @@ class TokenizerMismatch(EndpointError):
 
 
 def regenerate_via_endpoint(
-    engine: EndpointRegen,
-    prompts: PromptSet,
-    out_path: str | Path,
-    concurrency: int = 8,
-    max_prompt_tokens: int = 256,
-    limit: int | None = None,
-    system: str | None = None,
-    chat_template: str = "auto",
-    turns: str = "first",
-    min_prompt_tokens: int = 0,
+    engine: EndpointRegen, prompts: PromptSet, out_path: str | Path, concurrency: int = 8, **changes: Any,
 ) -> dict[str, Any]:
     """Like `regen.regenerate`, with the answers coming from `engine`'s server, `concurrency` at a time.
 
-    Rows are appended in the order answers arrive (ids stay keyed to their answers); with `turns="all"` a turn
-    is sent once every answer of the turn before it is in. On a server error the requests already in flight are
-    finished and written before the error is raised, so nothing answered is lost and a rerun resumes. Returns
-    the run's counts, plus `token_mismatches`.
+    The run's options are the engine's, with `changes` applied to those that do not shape a request (which
+    prompts and turns are answered). Rows are appended in the order answers arrive (ids stay keyed to their
+    answers); with `turns="all"` a turn is sent once every answer of the turn before it is in. On a server error
+    the requests already in flight are finished and written before the error is raised, so nothing answered is
+    lost and a rerun resumes. Returns the run's counts, plus `token_mismatches`.
     """
     if concurrency < 1:
         raise ValueError("concurrency must be positive")
+    if fixed := sorted(set(changes) & set(GENERATION_OPTIONS)):
+        raise TypeError(f"{', '.join(fixed)} shape every request: give them to the EndpointRegen")
     out_path = Path(out_path)
     tokenizer = engine.tokenizer
-    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, turns,
-                      min_prompt_tokens)
+    plan = plan_turns(tokenizer, prompts, out_path, RegenOptions.of(engine.options, **changes))
     counts = plan.counts
     counts["token_mismatches"] += 0
     start = time.perf_counter()
@@ -444,55 +441,3 @@ def regenerate_via_endpoint(
         logger.warning("%d of %d answers did not round-trip exactly through the target's tokenizer (their text is "
                        "kept, tokenized by the target)", counts["token_mismatches"], counts["written"])
     return summary
-
-
-# ----------------------------------------------------------------------------------------------- CLI
-
-
-def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """The `domino regen` options that switch it to a serving engine."""
-    group = parser.add_argument_group(
-        "serving engine", "Get the answers from an OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of "
-        "loading the target here; --target then only supplies the tokenizer and chat template, and --batch-size, "
-        "--dtype and --device do not apply.")
-    add = group.add_argument
-    add("--endpoint", default=None, metavar="URL",
-        help="API root of the server, e.g. http://127.0.0.1:8000/v1 (default: generate locally).")
-    add("--model", default=None, metavar="NAME",
-        help="Served model name, as listed by the server's /v1/models (default: the only one served).")
-    add("--concurrency", type=int, default=8, metavar="N",
-        help="Requests in flight at once (default: %(default)s).")
-    add("--request-timeout", type=float, default=600.0, metavar="S",
-        help="Seconds to wait for one answer before retrying it (default: %(default)s).")
-    add("--retries", type=int, default=5, metavar="N",
-        help="Retries of a request after a timeout, a dropped connection, HTTP 429 or 5xx, with exponential "
-        "backoff from 0.5 s (default: %(default)s). The API key, if the server wants one, is read from "
-        "OPENAI_API_KEY.")
-
-
-def run_endpoint(args: argparse.Namespace) -> int:
-    """`domino regen --endpoint …`; returns the exit code (2 with a one-line error on any server problem)."""
-    from ..data import read_prompts
-    from ..targets import load_target_tokenizer
-
-    if args.concurrency < 1 or args.max_new_tokens < 1:
-        logger.error("--concurrency and --max-new-tokens must be positive")
-        return 2
-    if getattr(args, "stop", None):
-        logger.error("--stop is not supported with --endpoint: regenerate without it, or without --endpoint")
-        return 2
-    try:
-        prompts = read_prompts(args.prompts, limit=args.limit)
-        tokenizer, generation_config = load_target_tokenizer(args.target)
-        client = EndpointClient(args.endpoint, timeout=args.request_timeout, retries=args.retries,
-                                api_key=os.environ.get("OPENAI_API_KEY"))
-        engine = EndpointRegen(client, tokenizer, generation_config, model=args.model,
-                               max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed)
-        regenerate_via_endpoint(engine, prompts, args.out, concurrency=args.concurrency,
-                                max_prompt_tokens=args.max_prompt_tokens, limit=args.limit, system=args.system,
-                                chat_template=getattr(args, "chat_template", "auto"), turns=args.turns,
-                                min_prompt_tokens=getattr(args, "min_prompt_tokens", 0))
-    except (OSError, ImportError, RuntimeError, ValueError) as err:  # EndpointError is a RuntimeError
-        logger.error("%s", err)
-        return 2
-    return 0

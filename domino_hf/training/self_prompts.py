@@ -33,7 +33,7 @@ from ..data import add_chat_template_argument, resolve_chat_template, to_message
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from .batch_decode import decode_shrinking
 from .decontaminate import BenchmarkFilter
-from .regen import append_lines, read_answers
+from .answers import append_lines, read_answers
 
 logger = logging.getLogger(__name__)
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..data import PromptSet
-from .regen import append_lines, make_row, plan_turns, summarize
+from ..prompt_records import PromptSet
+from .answers import RegenOptions, append_lines, make_row, plan_turns, summarize
 
 logger = logging.getLogger(__name__)
 
@@ -36,24 +36,21 @@ RESPONSE_FROM = "response_from"
 
 
 def write_source_answers(
-    tokenizer: Any,
-    prompts: PromptSet,
-    out_path: str | Path,
-    max_new_tokens: int = 128,
-    max_prompt_tokens: int = 256,
-    limit: int | None = None,
-    system: str | None = None,
-    chat_template: str = "auto",
-    min_prompt_tokens: int = 0,
+    tokenizer: Any, prompts: PromptSet, out_path: str | Path, options: RegenOptions | None = None, **changes: Any,
 ) -> dict[str, Any]:
     """Append one row per first user turn of `prompts` with the source's reply as the response (module doc).
 
-    Same caps, resume and schema as `regenerate`, plus `response_from`; returns the run's counts."""
+    Same options (`RegenOptions`, with `changes` applied; first turns only, nothing sampled), caps, resume and
+    schema as `regenerate`, plus `response_from`; returns the run's counts."""
+    options = RegenOptions.of(options, **changes)
+    max_new_tokens = options.max_new_tokens
     if max_new_tokens < 2:
         raise ValueError("max_new_tokens must be at least 2 (a training record needs two response tokens)")
+    if options.turns != "first":
+        raise ValueError(f"source answers are first turns only (a later turn's history would be the source's "
+                         f"replies, never the target's); got turns={options.turns!r}")
     out_path = Path(out_path)
-    plan = plan_turns(tokenizer, prompts, out_path, max_prompt_tokens, limit, system, chat_template, "first",
-                      min_prompt_tokens)
+    plan = plan_turns(tokenizer, prompts, out_path, options)
     replies = {record.id: (record.meta.get("replies") or [None])[0] for record in plan.records}
     counts = plan.counts
     start = time.perf_counter()
