@@ -1,34 +1,38 @@
-"""The training recipe and the `domino train` subcommand: from a target and regenerated data to a trained draft.
+"""The training recipe: from a target and regenerated data to a trained draft.
 
 Runs unchanged as one CPU process (`domino train …`) or N processes (`accelerate launch -m domino_hf.train …`,
 `torchrun --nproc_per_node N -m domino_hf.train …`): `Trainer` picks up the distributed environment.
+`run_training` does what `domino train` asks for (`train_cli.py` only parses the options into a `TrainJob`).
 """
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from transformers import TrainingArguments
 
-from ..cli_common import HelpFormatter, add_target_arguments, target_kwargs
+from .. import targets
+from ..chat import chat_input_ids
+from ..data import read_prompts
 from ..dtypes import warn_if_emulated
-from ..data import add_chat_template_argument
 from ..modeling import DominoConfig, DominoDraftModel
 from ..modeling.configuration_domino import target_token_ids
 from ..modeling.generation_domino import acceptance_length
+from ..utils import require_paths
+from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
-from .distill import DEFAULT_TOPK, LOSSES
-from .features import CONFIG, FeatureStore, NonFiniteFeatures
+from .distill import DEFAULT_TOPK
+from .features import CONFIG, FeatureStore
 from .grow import grow_draft_layers, grow_draft_vocab
 from .objective import DominoObjective
-from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
-from .trainer import DominoTrainer, EpochCallback, NonFiniteTraining
+from .teacher_forced import replay_answer
+from .trainer import DominoTrainer, EpochCallback
 
 logger = logging.getLogger(__name__)
 
@@ -179,67 +183,29 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     return trainer
 
 
-# ------------------------------------------------------------------------------------------------- CLI
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "train",
-        help="Train a Domino draft for a target on regenerated data.",
-        description="Train a Domino draft (DFlash backbone + Domino head) with teacher forcing and the "
-        "base-anchored curriculum. Single process here; `accelerate launch -m domino_hf.train …` for many GPUs. "
-        "Options also answer to the 🤗 Trainer scripts' names (--output_dir, --learning_rate, …).",
-        formatter_class=HelpFormatter,
-    )
-    add_train_arguments(parser)
-    parser.set_defaults(func=run)
-
-
-def add_draft_arguments(parser: argparse.ArgumentParser) -> None:
-    """The draft's sizing options, shared by `domino train` and `domino features` (which writes the config)."""
-    draft = parser.add_argument_group("draft architecture")
-    draft.add_argument(
-        "--config", "--config_name", dest="config", default=None,
-        help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the "
-             "target (head sized by `head_sizes_for`).",
-    )
-    draft.add_argument(
-        "--num-layers", type=int, default=None,
-        help="Draft decoder layers (default 1 when derived). With --init from:DIR, a larger number deepens that "
-             "draft (the new layers start as identity).",
-    )
-    draft.add_argument(
-        "--new-layer-lr-scale", type=float, default=1.0,
-        help="Learning-rate multiplier for the layers --num-layers adds to an --init from: draft (they start at "
-             "zero output and at a fine-tuning rate barely move in a round).",
-    )
-    draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
-    draft.add_argument(
-        "--draft-vocab-size", type=int, default=None,
-        help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.",
-    )
-    draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
-    return draft
-
-
-def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
-    """The draft config the sizing options of `add_draft_arguments` ask for (sub-vocabulary from `dataset`)."""
-    overrides = {"num_hidden_layers": args.num_layers, "block_size": args.block_size}
-    if args.no_head:
+def draft_config(target, tokenizer, dataset, config_path=None, num_layers=None, block_size=None,
+                 draft_vocab_size=None, use_head=True) -> DominoConfig:
+    """The draft config for `target` that `domino train` and `domino features` size: from `config_path` or derived
+    (`build_config`), with `num_layers` / `block_size` when given, no Domino head unless `use_head`, and a
+    sub-vocabulary of the `draft_vocab_size` most frequent response tokens of `dataset` (its coverage logged)."""
+    overrides = {"num_hidden_layers": num_layers, "block_size": block_size}
+    if not use_head:
         overrides["use_domino_head"] = False
-    if args.draft_vocab_size:
+    if draft_vocab_size:
         eos = target.generation_config.eos_token_id
         always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
-        ids, coverage = build_draft_vocab(dataset, args.draft_vocab_size, always)
+        ids, coverage = build_draft_vocab(dataset, draft_vocab_size, always)
         logger.info(
             "Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage,
         )
-        if len(ids) < args.draft_vocab_size:
+        if len(ids) < draft_vocab_size:
             logger.warning(
                 "--draft-vocab-size %d: the draft's sub-vocabulary has only %d tokens, every distinct token of the "
                 "data's responses (and EOS): fewer than asked. More training data gives it more.",
-                args.draft_vocab_size, len(ids),
+                draft_vocab_size, len(ids),
             )
         overrides["draft_vocab_ids"] = ids
-    config = build_config(target, tokenizer, args.config, **overrides)
+    config = build_config(target, tokenizer, config_path, **overrides)
     if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
         ids, coverage = build_draft_vocab(dataset, BIG_VOCAB // 2)
         logger.warning(
@@ -250,218 +216,115 @@ def config_from_args(args, target, tokenizer, dataset) -> DominoConfig:
     return config
 
 
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    target = parser.add_argument_group("target")
-    add_target_arguments(target)
-    data = parser.add_argument_group("data")
-    data.add_argument(
-        "--data", "--train_file", dest="data", nargs="+", required=True,
-        help="JSONL file(s) written by `domino regen`.",
-    )
-    data.add_argument(
-        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
-        help="Truncate prompt+response to this many tokens.",
-    )
-    data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
-    data.add_argument(
-        "--features", default=None,
-        help="Context features cached by `domino features` (no target forward while training).",
-    )
-    draft = add_draft_arguments(parser)
-    draft.add_argument(
-        "--init", default="random",
-        help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to "
-             "continue from a trained draft.",
-    )
-    recipe = parser.add_argument_group("recipe")
-    recipe.add_argument(
-        "--out", "--output_dir", dest="out", required=True,
-        help="Run folder: checkpoints, logs, and the final draft in OUT/final.",
-    )
-    recipe.add_argument(
-        "--epochs", "--num_train_epochs", dest="epochs", type=float, default=3.0,
-        help="Passes over the data (paper: 3–6).",
-    )
-    recipe.add_argument(
-        "--max-steps", "--max_steps", dest="max_steps", type=int, default=-1,
-        help="Stop after N optimizer steps (overrides --epochs when > 0).",
-    )
-    recipe.add_argument(
-        "--batch-size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4,
-        help="Sequences per device per step.",
-    )
-    recipe.add_argument(
-        "--grad-accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1,
-        help="Gradient accumulation steps (global batch = devices × batch × accum).",
-    )
-    recipe.add_argument(
-        "--lr", "--learning_rate", dest="lr", type=float, default=6e-4,
-        help="Peak AdamW learning rate (cosine schedule, 4%% warmup).",
-    )
-    recipe.add_argument(
-        "--num-anchors", "--num_anchors", dest="num_anchors", type=int, default=32,
-        help="Random anchors (blocks) per sequence, inside the response.",
-    )
-    recipe.add_argument(
-        "--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).",
-    )
-    recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
-    recipe.add_argument(
-        "--loss", choices=LOSSES, default="ce",
-        help="ce: cross entropy on the target's own tokens (the paper's); kl: KL divergence from the target's "
-             "next-token distribution (its --kl-topk most probable tokens, renormalised over the draft vocabulary), "
-             "from its forward in each step or from --features extracted with `domino features --kl-topk`.",
-    )
-    recipe.add_argument(
-        "--kl-topk", type=int, default=DEFAULT_TOPK, metavar="K",
-        help="With --loss kl: how many of the target's most probable next tokens make the soft label.",
-    )
-    recipe.add_argument(
-        "--kl-temperature", type=float, default=1.0, metavar="T",
-        help="With --loss kl: both distributions at temperature T, the loss scaled by T².",
-    )
-    recipe.add_argument(
-        "--weight-decay", "--weight_decay", dest="weight_decay", type=float, default=0.0,
-        help="AdamW weight decay (the paper's recipe: 0).",
-    )
-    recipe.add_argument(
-        "--feature-noise", type=float, default=0.0, metavar="SIGMA",
-        help="Regulariser: multiply each context feature by (1 + SIGMA·N(0, 1)) in training, so that the draft "
-             "cannot key on exact hidden-state values of the answers it has seen (0 = off; e.g. 0.1).",
-    )
-    recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
-    recipe.add_argument(
-        "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
-        help="Batch examples of similar length (transformers' grouping, ordered by seed and epoch): far less "
-             "padding on data of mixed lengths (1.2x a step on SmolLM2's round-2 data, docs/training.md).",
-    )
-    run_group = parser.add_argument_group("run")
-    run_group.add_argument(
-        "--resume", action="store_const", const=True, default=False,
-        help="Continue from the newest complete checkpoint in --out.",
-    )
-    run_group.add_argument(
-        "--resume_from_checkpoint", dest="resume", nargs="?", const=True, metavar="CHECKPOINT",
-        help="Continue from CHECKPOINT (a checkpoint-N folder), or without a value from the newest complete one in "
-             "--out.",
-    )
-    run_group.add_argument(
-        "--save-steps", "--save_steps", dest="save_steps", type=int, default=200,
-        help="Checkpoint every N steps (atomic; resumable).",
-    )
-    run_group.add_argument(
-        "--logging-steps", "--logging_steps", dest="logging_steps", type=int, default=10,
-        help="Log losses/accuracies/throughput every N steps.",
-    )
-    run_group.add_argument(
-        "--bf16", action=argparse.BooleanOptionalAction, default=None,
-        help="bf16 mixed precision (fp32 master weights). Default: on with a GPU that supports it; on a CPU with "
-             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/training.md), on other CPUs many "
-             "times slower.",
-    )
-    run_group.add_argument(
-        "--report-to", "--report_to", dest="report_to", default="none",
-        help="Trainer integrations: none, tensorboard, wandb, …",
-    )
-    run_group.add_argument(
-        "--probe-prompts", default=None,
-        help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them "
-             "(probe_tau) and the draft's own τ replayed on those answers (probe_replay_tau).",
-    )
-    run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
-    run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
-    add_chat_template_argument(run_group)
+class TrainSetupError(Exception):
+    """A bad option or a missing input, found before training starts (`domino train` exits 2 with the message)."""
 
 
-def run(args) -> int:
-    from ..targets import load_target
-    from ..utils import require_paths
+@dataclass
+class TrainJob:
+    """What `domino train` is asked to do: the target, the data, the draft's sizing and initialisation, the
+    recipe (`settings`) and the optional τ probe. Options are named as on the command line."""
 
-    if args.loss == "kl" and not (args.kl_topk >= 1 and args.kl_temperature > 0):
-        logger.error("--kl-topk must be >= 1 and --kl-temperature > 0 (got %s and %s)", args.kl_topk,
-                     args.kl_temperature)
-        return 2
-    if not args.new_layer_lr_scale > 0 or (args.new_layer_lr_scale != 1.0 and not args.init.startswith("from:")):
-        logger.error("--new-layer-lr-scale %s: it must be > 0, and it applies only to the layers --num-layers adds "
-                     "to an --init from:DIR draft", args.new_layer_lr_scale)
-        return 2
-    try:  # the settings validate themselves; checked here before the (slower) target load
-        TrainSettings(output_dir=args.out, weight_decay=args.weight_decay, feature_noise=args.feature_noise)
-    except ValueError as err:
-        logger.error("%s (--weight-decay, --feature-noise)", err)
-        return 2
+    target: str
+    data: list[str]
+    settings: TrainSettings
+    target_options: dict = field(default_factory=dict)  # load_target's trust_remote_code, revision, token
+    max_length: int = 3072
+    limit: int | None = None
+    features: str | None = None
+    config: str | None = None
+    num_layers: int | None = None
+    block_size: int | None = None
+    draft_vocab_size: int | None = None
+    use_head: bool = True
+    init: str = "random"
+    new_layer_lr_scale: float = 1.0
+    probe_prompts: str | None = None
+    probe_num: int = 6
+    probe_max_new_tokens: int = 64
+    chat_template: str = "auto"
+
+
+def check_job(job: TrainJob) -> None:
+    """The checks that need nothing loaded: a `TrainSetupError` before the (slower) target load."""
+    settings = job.settings
+    if settings.loss == "kl" and not (settings.kl_topk >= 1 and settings.kl_temperature > 0):
+        raise TrainSetupError(f"--kl-topk must be >= 1 and --kl-temperature > 0 (got {settings.kl_topk} and "
+                              f"{settings.kl_temperature})")
+    if not job.new_layer_lr_scale > 0 or (job.new_layer_lr_scale != 1.0 and not job.init.startswith("from:")):
+        raise TrainSetupError(f"--new-layer-lr-scale {job.new_layer_lr_scale}: it must be > 0, and it applies only to "
+                              "the layers --num-layers adds to an --init from:DIR draft")
+    try:
+        require_paths(data=job.data, config=job.config, features=job.features,
+                      resume_from_checkpoint=settings.resume if isinstance(settings.resume, str) else None)
+        if job.features and settings.loss == "kl":
+            FeatureStore(job.features).require_topk(settings.kl_topk)
+    except (OSError, ImportError, RuntimeError, ValueError) as err:
+        raise TrainSetupError(str(err)) from err
+
+
+def run_training(job: TrainJob):
+    """Load the target and the data, build (or continue, deepen, widen) the draft, and train it as `job` says;
+    returns the trainer. Raises `TrainSetupError` on bad options or inputs, before any training step; the
+    non-finite errors of `train_draft` otherwise."""
+    check_job(job)
+    settings = job.settings
     try:  # missing inputs fail before the (slower) target load
-        require_paths(data=args.data, config=args.config, features=args.features,
-                      resume_from_checkpoint=args.resume if isinstance(args.resume, str) else None)
-        if args.features and args.loss == "kl":
-            FeatureStore(args.features).require_topk(args.kl_topk)
-        target, tokenizer = load_target(args.target, **target_kwargs(args))
-        dataset = load_training_data(args.data, args.max_length, target.config.get_text_config().vocab_size, args.limit,
+        target, tokenizer = targets.load_target(job.target, **job.target_options)
+        dataset = load_training_data(job.data, job.max_length, target.config.get_text_config().vocab_size, job.limit,
                                      exclude=BenchmarkFilter.for_benchmarks())
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing/empty file, package, model; no Hub
-        logger.error("%s", err)
-        return 2
-    if args.features and not args.config and os.path.exists(os.path.join(args.features, CONFIG)):
-        args.config = os.path.join(args.features, CONFIG)  # the config the features were extracted for
-        logger.info("Draft config from %s", args.config)
-    config = None if args.init.startswith("from:") else config_from_args(args, target, tokenizer, dataset)
-    draft = build_draft(target, tokenizer, init=args.init, config=config)
-    resized = args.draft_vocab_size and args.draft_vocab_size != draft.config.draft_vocab_size
-    deepened = args.num_layers and args.num_layers != draft.config.num_hidden_layers
+        raise TrainSetupError(str(err)) from err
+    config_path = job.config
+    if job.features and not config_path and os.path.exists(os.path.join(job.features, CONFIG)):
+        config_path = os.path.join(job.features, CONFIG)  # the config the features were extracted for
+        logger.info("Draft config from %s", config_path)
+    config = None if job.init.startswith("from:") else draft_config(
+        target, tokenizer, dataset, config_path, job.num_layers, job.block_size, job.draft_vocab_size, job.use_head)
+    draft = build_draft(target, tokenizer, init=job.init, config=config)
+    new_layers = _grow(job, draft, dataset)
+    try:
+        if job.features:
+            dataset.use_features(FeatureStore(job.features, draft.config.target_layer_ids),
+                                 kl_topk=settings.kl_topk if settings.loss == "kl" else 0)
+        probe = None
+        if job.probe_prompts:
+            prompts = probe_prompts(tokenizer, job.probe_prompts, job.probe_num, job.chat_template)
+            probe = make_tau_probe(target, prompts, job.probe_max_new_tokens)
+    except (OSError, ImportError, ValueError) as err:  # features of other layers, probe prompts missing
+        raise TrainSetupError(str(err)) from err
+    settings = dataclasses.replace(settings, scaled_lr_layers=new_layers, layer_lr_scale=job.new_layer_lr_scale)
+    return train_draft(target, draft, dataset, settings, tau_probe=probe)
+
+
+def _grow(job: TrainJob, draft: DominoDraftModel, dataset: RegenDataset) -> tuple[int, ...]:
+    """Deepen or widen an `--init from:` draft as `job` asks (or say why it cannot); the new layers' indices."""
+    resized = job.draft_vocab_size and job.draft_vocab_size != draft.config.draft_vocab_size
+    deepened = job.num_layers and job.num_layers != draft.config.num_hidden_layers
     new_layers = ()
-    if args.new_layer_lr_scale != 1.0 and not deepened:
-        logger.error("--new-layer-lr-scale %s: it applies only to the layers --num-layers adds to an --init from:DIR "
-                     "draft, and --num-layers %s adds none to this %d-layer draft", args.new_layer_lr_scale,
-                     args.num_layers, draft.config.num_hidden_layers)
-        return 2
-    if args.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
+    if job.new_layer_lr_scale != 1.0 and not deepened:
+        raise TrainSetupError(
+            f"--new-layer-lr-scale {job.new_layer_lr_scale}: it applies only to the layers --num-layers adds to an "
+            f"--init from:DIR draft, and --num-layers {job.num_layers} adds none to this "
+            f"{draft.config.num_hidden_layers}-layer draft")
+    if job.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
         try:
             if deepened:
-                new_layers = tuple(range(draft.config.num_hidden_layers, args.num_layers))
-                added = grow_draft_layers(draft, args.num_layers)
+                new_layers = tuple(range(draft.config.num_hidden_layers, job.num_layers))
+                added = grow_draft_layers(draft, job.num_layers)
                 logger.info("Draft deepened by %d layer(s) to %d (new layers add nothing until trained)",
-                            added, args.num_layers)
+                            added, job.num_layers)
             if resized:
-                coverage = grow_draft_vocab(draft, dataset, args.draft_vocab_size)
+                coverage = grow_draft_vocab(draft, dataset, job.draft_vocab_size)
                 logger.info("Draft sub-vocabulary grown to %d tokens: they cover %.2f%% of the data's response "
                             "tokens", draft.config.draft_vocab_size, 100 * coverage)
         except ValueError as err:
-            logger.error("%s", err)
-            return 2
-    try:
-        if args.features:
-            dataset.use_features(FeatureStore(args.features, draft.config.target_layer_ids),
-                                 kl_topk=args.kl_topk if args.loss == "kl" else 0)
-        probe = None
-        if args.probe_prompts:
-            prompts = probe_prompts(tokenizer, args.probe_prompts, args.probe_num, args.chat_template)
-            probe = make_tau_probe(target, prompts, args.probe_max_new_tokens)
-    except (OSError, ImportError, ValueError) as err:  # features of other layers, probe prompts missing
-        logger.error("%s", err)
-        return 2
-    settings = TrainSettings(
-        output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
-        grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
-        curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
-        seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
-        kl_temperature=args.kl_temperature, bf16=args.bf16, group_by_length=args.group_by_length,
-        scaled_lr_layers=new_layers, layer_lr_scale=args.new_layer_lr_scale, weight_decay=args.weight_decay,
-        feature_noise=args.feature_noise,
-    )
-    try:
-        trainer = train_draft(target, draft, dataset, settings, tau_probe=probe)
-    except (NonFiniteTraining, NonFiniteFeatures) as err:
-        logger.error("%s", err)
-        return 3
-    trainer.accelerator.end_training()  # trackers, and the process group of a multi-process run
-    logger.info("Final draft written to %s", os.path.join(args.out, FINAL))
-    return 0
+            raise TrainSetupError(str(err)) from err
+    return new_layers
 
 
 def probe_prompts(tokenizer, source, num_prompts, chat_template="auto") -> list[torch.Tensor]:
     """The first `num_prompts` prompts of `source`, chat-templated: (1, P) id tensors for `make_tau_probe`."""
-    from ..data import chat_input_ids, read_prompts
-
     records = read_prompts(source, limit=num_prompts).records
     return [torch.tensor([chat_input_ids(tokenizer, r.turns[:1], chat_template=chat_template)]) for r in records]
 
@@ -473,8 +336,6 @@ def make_tau_probe(target, prompts: list[torch.Tensor], max_new_tokens: int):
     the draft's own τ, drafting every step (`teacher_forced.py`), replayed on the answers that decoding just
     produced, which are the target's greedy ones (decoding is lossless): one more forward per prompt. The
     first moves with the decoding policies, the second only with the draft's weights."""
-    from .teacher_forced import replay_answer
-
     @torch.no_grad()
     def probe(draft) -> dict[str, float]:
         was_training = draft.training
@@ -491,12 +352,3 @@ def make_tau_probe(target, prompts: list[torch.Tensor], max_new_tokens: int):
                 "probe_replay_tau": round(acceptance_length(replayed) or 0.0, 4)}
 
     return probe
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", formatter_class=HelpFormatter,
-                                     description="Train a Domino draft (see `domino train --help`).")
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return run(args)
