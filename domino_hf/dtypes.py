@@ -55,7 +55,7 @@ def cpu_has_native_bf16() -> bool:
 def bf16_is_fast(device: str) -> bool:
     """Whether bfloat16 is the faster precision for a forward on `device`: a CUDA GPU that supports it, or a CPU
     with native bf16. Why it matters: elsewhere PyTorch emulates bf16 GEMMs, and on an AVX2-only CPU a bf16
-    matmul measured 60x slower than fp32 (1.1 against 70 GFLOPS on one thread, session 16; docs/cpu_kernels.md)."""
+    matmul measured 60x slower than fp32 (1.1 against 70 GFLOPS on one thread; docs/cpu_kernels.md)."""
     import torch
 
     if str(device).startswith("cuda"):

@@ -123,7 +123,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
             if {**previous, key: meta[key]} == meta and previous.get(key) != meta[key]:
                 raise ValueError(f"{out} holds features {wording.format(previous.get(key))}, not {meta[key]}: pass "
                                  f"{option} {previous.get(key)} to resume, or use a new folder.")
-        if _grows(meta, previous):  # a folder grown past this data (a later round's) holds all of it
+        if _grows(meta, previous):  # a folder grown past this data (a later training stage's) holds all of it
             shards = [out / f"shard-{s:07d}.safetensors" for s in range(0, len(dataset), shard_size)]
             if not all(shard.exists() for shard in shards):
                 raise ValueError(f"{out} was grown to {previous['num_examples']} examples and is still missing shards "

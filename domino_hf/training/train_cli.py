@@ -47,7 +47,7 @@ def add_draft_arguments(parser: argparse.ArgumentParser):
     draft.add_argument(
         "--new-layer-lr-scale", type=float, default=1.0,
         help="Learning-rate multiplier for the layers --num-layers adds to an --init from: draft (they start at "
-             "zero output and at a fine-tuning rate barely move in a round).",
+             "zero output and at a fine-tuning rate barely move in a short run).",
     )
     draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument(
@@ -147,7 +147,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument(
         "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
         help="Batch examples of similar length (transformers' grouping, ordered by seed and epoch): far less "
-             "padding on data of mixed lengths (1.2x a step on SmolLM2's round-2 data, docs/training.md).",
+             "padding on data of mixed lengths (1.2x a step on SmolLM2's mixed training data, docs/training.md).",
     )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
