@@ -16,12 +16,15 @@ What differs between the supported releases is handled here and nowhere else:
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import logging
 
 import transformers
 
+from .configuration_domino import DRAFTING_FIELDS, DraftingSettings, draft_level_settings
+from .generation_domino import DominoCandidateGenerator, DominoGenerationStats
 from .target_domino import check_draft_fits_target
 
 logger = logging.getLogger(__name__)
@@ -33,6 +36,7 @@ _DYNAMIC_CACHES = (None, "dynamic")  # the `cache_implementation` values a Domin
 _ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
 
 _STOPPING_CRITERIA = contextvars.ContextVar("domino_stopping_criteria", default=None)
+_PROFILE = contextvars.ContextVar("domino_profile_phases", default=False)
 
 
 def is_domino_draft(model) -> bool:
@@ -41,23 +45,17 @@ def is_domino_draft(model) -> bool:
     return getattr(config, "model_type", None) == "domino_draft" and callable(getattr(model, "fuse_context", None))
 
 
-def candidate_generator_class(draft):
-    """The `DominoCandidateGenerator` shipped beside the draft's own class: a remote-code draft drafts with its
-    checkpoint's `generation_domino.py`, a domino_hf draft with domino_hf's, whichever copy of this dispatch
-    was installed first. A checkpoint whose remote code predates the running transformers is refused with the
-    fix, rather than run with a generator written for other internals."""
+def _draft_dispatch(draft):
+    """The dispatch module shipped beside the draft's own class: a remote-code draft drafts with its checkpoint's
+    files, a domino_hf draft with domino_hf's, whichever copy of this dispatch was installed first. A checkpoint
+    whose remote code predates the running transformers is refused with the fix, rather than run with a
+    generator written for other internals. None for a draft class defined outside a Domino package."""
     package = type(draft).__module__.rpartition(".")[0]
     try:
-        module = importlib.import_module(f"{package}.generation_domino")
-        generator = module.DominoCandidateGenerator
-    except (ImportError, AttributeError, ValueError):  # a draft class defined outside a Domino package
-        from .generation_domino import DominoCandidateGenerator
-
-        return DominoCandidateGenerator
-    try:
-        written_for = importlib.import_module(f"{package}.dispatch_domino").MAX_TRANSFORMERS
-    except (ImportError, AttributeError):
-        written_for = None
+        module = importlib.import_module(f"{package}.dispatch_domino")
+    except (ImportError, TypeError, ValueError):  # no such module; a class defined in a top-level module
+        return None
+    written_for = getattr(module, "MAX_TRANSFORMERS", None)
     if written_for is not None and _release(transformers.__version__) >= tuple(written_for):
         raise ValueError(
             f"This Domino draft's remote code ({module.__file__}) was written for transformers<"
@@ -66,7 +64,89 @@ def candidate_generator_class(draft):
             "`AutoModel.from_pretrained(path)` without trust_remote_code once domino_hf is imported), or "
             "re-export it with the current domino-hf: `domino export PATH --out NEW_FOLDER --dtype <its dtype>`."
         )
+    return module
+
+
+def resolve_drafting_settings(draft, generation_config) -> DraftingSettings:
+    """The drafting policy of one `generate` call: the call's own values, then the draft's
+    (`draft_level_settings`: its generation config, then a config.json that still carries them, then the
+    `DraftingSettings` defaults).
+
+    The call's values are transformers' assisted-decoding fields, mapped as follows, and any `DRAFTING_FIELDS`
+    name set on the `GenerationConfig` passed to `generate` (e.g. `GenerationConfig(draft_backoff=False)`):
+    * `num_assistant_tokens` caps the tokens proposed per step, as `max_draft_tokens` does (the smaller wins);
+      `num_assistant_tokens_schedule` is the cap's schedule.
+    * `assistant_confidence_threshold` is `draft_confidence_threshold` when it differs from transformers'
+      default 0.4: `generate` fills that default in before the dispatch sees the config, so an explicit 0.4
+      cannot be told from an unset one, and the draft's threshold applies then.
+    * `prompt_lookup_num_tokens` is `context_lookup_tokens` (0 turns the lookup off); `max_matching_ngram_size`
+      is `context_lookup_ngram`.
+    """
+    values = draft_level_settings(getattr(draft, "generation_config", None), draft.config)
+    values.update({name: vars(generation_config)[name] for name in DRAFTING_FIELDS if name in vars(generation_config)})
+    threshold = generation_config.assistant_confidence_threshold
+    if threshold is not None and threshold != _stock_defaults(generation_config).get("assistant_confidence_threshold"):
+        values["draft_confidence_threshold"] = threshold
+    if generation_config.prompt_lookup_num_tokens is not None:
+        values["context_lookup_tokens"] = max(int(generation_config.prompt_lookup_num_tokens), 0)
+    if generation_config.max_matching_ngram_size:
+        values["context_lookup_ngram"] = int(generation_config.max_matching_ngram_size)
+    if generation_config.num_assistant_tokens:
+        caps = [int(generation_config.num_assistant_tokens), values["max_draft_tokens"]]
+        values["max_draft_tokens"] = min(cap for cap in caps if cap is not None)
+    if generation_config.num_assistant_tokens_schedule:
+        values["num_assistant_tokens_schedule"] = generation_config.num_assistant_tokens_schedule
+    return DraftingSettings(**values)
+
+
+def _stock_defaults(generation_config) -> dict:
+    """The values `generate` fills into fields left unset (transformers' own defaults)."""
+    return generation_config._get_default_generation_params()
+
+
+@contextlib.contextmanager
+def profile_drafting(draft):
+    """Inside this block, every `generate` call with `draft` times the draft's phases (backbone, LM head, head
+    rollout) into `draft.last_generation_stats.timings` (`domino bench --profile`). The timing is switched on in
+    the dispatch that builds the draft's generator, so it reaches remote-code drafts too."""
+    module = _draft_dispatch(draft) or importlib.import_module(__name__)
+    token = module._PROFILE.set(True)
+    try:
+        yield
+    finally:
+        module._PROFILE.reset(token)
+
+
+def make_candidate_generator(draft, target, generation_config, logits_processor, input_ids, stopping_criteria=None):
+    """The candidate generator of one `generate` call, with its settings resolved once
+    (`resolve_drafting_settings`) and a fresh `DominoGenerationStats`, which becomes `draft.last_generation_stats`
+    (this is the one place that sets it)."""
+    stats = DominoGenerationStats()
+    generator = DominoCandidateGenerator(
+        draft=draft,
+        target=target,
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        input_ids=input_ids,
+        settings=resolve_drafting_settings(draft, generation_config),
+        stopping_criteria=stopping_criteria,
+        stats=stats,
+        profile_phases=_PROFILE.get(),
+    )
+    draft.last_generation_stats = stats
     return generator
+
+
+def _candidate_generator(draft, **arguments):
+    """Built by the dispatch beside the draft's class; remote code from before `make_candidate_generator`
+    existed builds its generator the way it was written for."""
+    module = _draft_dispatch(draft)
+    if module is None:
+        return make_candidate_generator(draft, **arguments)
+    if hasattr(module, "make_candidate_generator"):
+        return module.make_candidate_generator(draft, **arguments)
+    generation = importlib.import_module(f"{module.__package__}.generation_domino")
+    return generation.DominoCandidateGenerator(draft=draft, **arguments)
 
 
 def _looks_like_domino_checkpoint(model) -> bool:
@@ -201,7 +281,8 @@ def install_generate_hook() -> None:
     the assistant is a Domino draft and otherwise calls the stock method untouched. One INFO log line is
     written at install; `uninstall_generate_hook()` restores the stock methods. Idempotent: the remote-code
     copy and the domino_hf copy of this module may both call it; the first one wins, and it builds the
-    generator that ships beside each draft's class (`candidate_generator_class`), so either copy serves both.
+    generator with the dispatch that ships beside each draft's class (`_draft_dispatch`), so either copy serves
+    both.
     """
     import inspect
 
@@ -234,8 +315,8 @@ def install_generate_hook() -> None:
         bound = inspect.signature(originals["_get_candidate_generator"]).bind(self, *args, **kwargs).arguments
         assistant = bound.get("assistant_model")
         if is_domino_draft(assistant):
-            return candidate_generator_class(assistant)(
-                draft=assistant,
+            return _candidate_generator(
+                assistant,
                 target=self,
                 generation_config=bound["generation_config"],
                 logits_processor=bound.get("logits_processor"),

@@ -5,7 +5,7 @@ Remote-code file: it imports only torch and transformers, so a saved checkpoint 
 `AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python where domino_hf is not installed.
 Importing it installs the `generate(assistant_model=draft)` dispatch (see `dispatch_domino.py`) on a supported
 transformers (on any other, building a draft raises an ImportError naming the supported range); the dispatch builds
-the candidate generator (`generation_domino.py`); this file itself imports no generation code.
+the candidate generator (`generation_domino.py`). Imports flow one way: this file → dispatch → generation.
 
 Shapes: b = batch, c = context positions, q = block (query) positions, H = hidden size, E = target
 embedding size (= H), Hg = GRU hidden size, V' = draft output vocabulary (sub-vocabulary or full).
@@ -13,14 +13,20 @@ embedding size (= H), Hg = GRU hidden size, V' = draft output vocabulary (sub-vo
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
+
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
-from .configuration_domino import DominoConfig
+from .configuration_domino import DRAFTING_FIELDS, DominoConfig, _check_field, draft_level_settings
 from .dispatch_domino import check_transformers_version, install_generate_hook_if_supported
+
+logger = logging.getLogger(__name__)
 
 # Copied beside every saved checkpoint, so it loads with `trust_remote_code=True` and nothing else installed.
 REMOTE_CODE_FILES = (
@@ -31,27 +37,6 @@ REMOTE_CODE_FILES = (
     "generation_domino.py",
     "dispatch_domino.py",
 )
-
-
-class DominoContextCache:
-    """Per-layer keys/values of the verified context, each (b, kv_heads, c, head_dim). Only accepted
-    positions are appended, so it is never cropped; the block's own keys/values are never stored."""
-
-    def __init__(self):
-        self.keys: list[torch.Tensor] = []
-        self.values: list[torch.Tensor] = []
-
-    def __len__(self) -> int:
-        return 0 if not self.keys else self.keys[0].shape[2]
-
-    def update(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
-        if layer_idx == len(self.keys):
-            self.keys.append(keys)
-            self.values.append(values)
-        else:
-            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=2)
-            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=2)
-        return self.keys[layer_idx], self.values[layer_idx]
 
 
 class DominoRMSNorm(nn.Module):
@@ -173,8 +158,22 @@ class DominoPreTrainedModel(PreTrainedModel):
 
 
 class DominoDraftModel(DominoPreTrainedModel):
-    """Domino draft model. It owns no embedding and no LM head: callers pass the target's embeddings of the
-    block tokens in, and apply the target's LM head to the returned hidden states (see `DominoTargetHead`)."""
+    r"""
+    Domino draft model. It owns no embedding and no LM head: callers pass the target's embeddings of the block
+    tokens in, and apply the target's LM head to the returned hidden states (see `DominoTargetHead`).
+
+    Args:
+        config ([`DominoConfig`]): the architecture.
+
+    Attributes:
+        generation_config (`GenerationConfig`): the draft's drafting defaults (the `DRAFTING_FIELDS` of
+            [`DraftingSettings`]), loaded by `from_pretrained` from the draft's `generation_config.json` and written
+            by `save_pretrained`. `draft.generation_config.draft_backoff = False` changes the draft's default;
+            `generate`'s own values still win.
+        last_generation_stats ([`DominoGenerationStats`] or `None`): what the last `generate` call with this draft
+            did, step by step (tokens proposed and accepted, where each proposal came from). The dispatch sets it
+            when it builds the call's generator (`make_candidate_generator`); `None` before any call.
+    """
 
     def __init__(self, config: DominoConfig):
         import transformers
@@ -196,6 +195,7 @@ class DominoDraftModel(DominoPreTrainedModel):
                 nn.SiLU(),
                 nn.Linear(config.correction_rank, config.draft_vocab_size, bias=False),
             )
+        self.generation_config = GenerationConfig()
         self.last_generation_stats = None
         self.post_init()
 
@@ -223,7 +223,7 @@ class DominoDraftModel(DominoPreTrainedModel):
         target_hidden_states: torch.Tensor | None = None,
         context_position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: DominoContextCache | None = None,
+        past_key_values=None,
         **kwargs,
     ) -> BaseModelOutput:
         r"""
@@ -234,7 +234,8 @@ class DominoDraftModel(DominoPreTrainedModel):
                 concatenated along features); with a cache, only positions not cached yet.
             context_position_ids: (b, c) positions of `target_hidden_states`.
             attention_mask: optional boolean (b, 1, q, c_total + q), True = may attend (training mask).
-            past_key_values: a `DominoContextCache`; new context keys/values are appended to it.
+            past_key_values: the generator's context cache (`DominoContextCache`): new context keys/values are
+                appended to it through its `update(layer_idx, keys, values)`.
         Returns:
             `BaseModelOutput` with `last_hidden_state` (b, q, H): the final-norm hidden states H of the slots.
         """
@@ -310,38 +311,76 @@ class DominoDraftModel(DominoPreTrainedModel):
     @classmethod
     def from_target(cls, target, tokenizer=None, num_hidden_layers=1, block_size=16, **config_overrides):
         """A freshly initialised draft that fits `target` (see `DominoConfig.for_target` for the choices of
-        `target_layer_ids` and `mask_token_id`), on the target's device, in float32."""
+        `target_layer_ids` and `mask_token_id`), on the target's device, in float32. Drafting settings among the
+        keywords (`DRAFTING_FIELDS`) become the draft's `generation_config`, the rest configure the architecture."""
+        drafting = {name: config_overrides.pop(name) for name in DRAFTING_FIELDS if name in config_overrides}
+        for name, value in drafting.items():
+            _check_field(name, value, owner="DraftingSettings")
         config = DominoConfig.for_target(
             target.config, tokenizer, num_hidden_layers=num_hidden_layers, block_size=block_size, **config_overrides
         )
-        return cls(config).to(target.device)
+        draft = cls(config).to(target.device)
+        draft.generation_config = GenerationConfig(**drafting)
+        return draft
 
-    # ------------------------------------------------------------------------------------------ saving
-    def push_to_hub(self, repo_id, *args, **kwargs):
-        """Uploads with the Domino model card (domino-hf's `push_draft`) instead of 🤗's generic one."""
-        try:
-            from domino_hf.training.export import push_draft
-        except ImportError:  # remote code without domino-hf installed: the generic card, tagged as a draft
-            kwargs["tags"] = [*(kwargs.get("tags") or []), "speculative-decoding", "draft-model", "domino"]
-            return super().push_to_hub(repo_id, *args, **kwargs)
-        return push_draft(self, repo_id, **kwargs)
+    # ------------------------------------------------------------------------------------- loading, saving
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs):
+        """As `PreTrainedModel.from_pretrained`, plus the draft's `generation_config.json` (its drafting defaults),
+        which 🤗 loads only for models that generate on their own. From a local folder or a Hub id, with the same
+        download options (a Hub draft's file comes from the cache in offline mode); a `generation_config=`
+        keyword replaces the file. A checkpoint without the file keeps the drafting keys of its `config.json`."""
+        generation_config = kwargs.pop("generation_config", None)
+        loaded = super().from_pretrained(pretrained_model_name_or_path, *model_args, **kwargs)
+        model = loaded[0] if isinstance(loaded, tuple) else loaded  # (model, info) with output_loading_info
+        if generation_config is None and pretrained_model_name_or_path is not None:
+            download = {key: kwargs[key] for key in _DOWNLOAD_KEYWORDS if key in kwargs}
+            try:
+                generation_config = GenerationConfig.from_pretrained(pretrained_model_name_or_path, **download)
+            except OSError:  # no generation_config.json: a checkpoint saved before drafting settings moved there
+                legacy = sorted(name for name in DRAFTING_FIELDS if name in vars(model.config))
+                if legacy:
+                    logger.info("%s: drafting settings %s read from config.json (no generation_config.json).",
+                                pretrained_model_name_or_path, ", ".join(legacy))
+        model.generation_config = generation_config if generation_config is not None else GenerationConfig()
+        draft_level_settings(model.generation_config, model.config)  # a bad value fails at load, naming it
+        return loaded
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """Saves weights and config, and copies the remote-code files so the folder is a Hub-ready repo."""
-        import os
-        import shutil
-
+        """Saves weights, `config.json` (the architecture), `generation_config.json` (every drafting setting the
+        draft uses, `draft_level_settings`) and the remote-code files, so the folder is a Hub-ready repo. Drafting
+        keys a config still carries (loaded from an older checkpoint) go to `generation_config.json` only."""
         self.config.auto_map = {
             "AutoConfig": "configuration_domino.DominoConfig",
             "AutoModel": "modeling_domino.DominoDraftModel",
         }
         self.config.architectures = ["DominoDraftModel"]
-        super().save_pretrained(save_directory, *args, **kwargs)
-        here = os.path.dirname(os.path.abspath(__file__))
-        for name in REMOTE_CODE_FILES:
-            shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
+        generation_config = GenerationConfig.from_dict(self.generation_config.to_dict())
+        for name, value in draft_level_settings(self.generation_config, self.config).items():
+            setattr(generation_config, name, value)
+        legacy = {name: vars(self.config).pop(name) for name in DRAFTING_FIELDS if name in vars(self.config)}
+        try:
+            super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            vars(self.config).update(legacy)  # the in-memory draft drafts as before
+        if kwargs.get("is_main_process", True):
+            generation_config.save_pretrained(save_directory)
+            here = os.path.dirname(os.path.abspath(__file__))
+            for name in REMOTE_CODE_FILES:
+                shutil.copyfile(os.path.join(here, name), os.path.join(save_directory, name))
+
+    def push_to_hub(self, repo_id, *args, **kwargs):
+        """🤗's upload (weights, config, generation config and remote code, through `save_pretrained`), tagged as
+        a Domino draft. domino-hf's `push_draft(draft, repo_id)` (or `domino export --push-to-hub`) uploads the
+        same folder with the Domino model card instead of 🤗's generic one."""
+        kwargs["tags"] = [*(kwargs.get("tags") or []), "speculative-decoding", "draft-model", "domino"]
+        return super().push_to_hub(repo_id, *args, **kwargs)
+
+
+# `from_pretrained`'s keywords that say where and how to fetch a file; the generation config is fetched with them.
+_DOWNLOAD_KEYWORDS = ("cache_dir", "force_download", "proxies", "local_files_only", "token", "revision", "subfolder")
 
 
 install_generate_hook_if_supported()
 
-__all__ = ["DominoDraftModel", "DominoPreTrainedModel", "DominoContextCache"]
+__all__ = ["DominoDraftModel", "DominoPreTrainedModel"]

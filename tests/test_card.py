@@ -109,8 +109,8 @@ def test_cli_export_with_trainer_style_push_options(local_run, monkeypatch):
 
 
 def test_push_draft_uploads_the_domino_card(local_run, monkeypatch):
-    """The API path (`push_draft`, what `DominoDraftModel.push_to_hub` delegates to): the uploaded folder holds
-    the Domino card with its tags, not 🤗's generic card. The Hub is replaced by a recorder of the folder."""
+    """The API path (`push_draft`): the uploaded folder holds the Domino card with its tags, not 🤗's generic
+    card. The Hub is replaced by a recorder of the folder."""
     import huggingface_hub
 
     from domino_hf.training.export import push_draft
@@ -136,21 +136,22 @@ def test_push_draft_uploads_the_domino_card(local_run, monkeypatch):
     url = push_draft(draft, "me/api-draft", token="hf_x", base_model="me/tiny-target", tags=["my-tag", "domino"])
     assert url.endswith("/commit/0")
     assert uploaded["token"] == "hf_x" and uploaded["repo"] == "me/api-draft"
-    assert uploaded["files"] == sorted(["README.md", "config.json", "model.safetensors", *REMOTE_CODE_FILES])
+    assert uploaded["files"] == sorted(["README.md", "config.json", "generation_config.json", "model.safetensors",
+                                        *REMOTE_CODE_FILES])
     meta = _meta(uploaded["card"])
     assert "draft-model" in meta["tags"] and meta["base_model"] == "me/tiny-target"
     assert "my-tag" in meta["tags"] and meta["tags"].count("domino") == 1
     assert "# Domino draft for me/tiny-target" in uploaded["card"]
 
 
-def test_model_push_to_hub_uploads_the_domino_card(monkeypatch):
-    """`DominoDraftModel.push_to_hub` hands over to `push_draft` (🤗's own would upload its generic card)."""
+def test_model_push_to_hub_is_tagged_as_a_draft(monkeypatch):
+    """`DominoDraftModel.push_to_hub` is 🤗's (the remote code imports nothing from domino-hf), with the draft tags
+    added to the caller's; `push_draft` is the path with the Domino card."""
     from conftest import make_tiny_draft, make_tiny_target
-
-    from domino_hf.training import export
+    from transformers import PreTrainedModel
 
     calls = []
-    monkeypatch.setattr(export, "push_draft", lambda draft, repo_id, **kw: calls.append((draft, repo_id, kw)) or "url")
+    monkeypatch.setattr(PreTrainedModel, "push_to_hub", lambda self, repo, **kw: calls.append((repo, kw)) or "url")
     draft = make_tiny_draft(make_tiny_target("llama"))
-    assert draft.push_to_hub("me/draft", private=True) == "url"
-    assert calls == [(draft, "me/draft", {"private": True})]
+    assert draft.push_to_hub("me/draft", private=True, tags=["mine"]) == "url"
+    assert calls == [("me/draft", {"private": True, "tags": ["mine", "speculative-decoding", "draft-model", "domino"]})]

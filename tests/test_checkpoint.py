@@ -71,7 +71,7 @@ def test_save_pretrained_writes_a_hub_ready_folder(tmp_path):
     target = make_tiny_target("qwen3")
     draft = make_tiny_draft(target)
     draft.save_pretrained(tmp_path)
-    assert {"config.json", "model.safetensors", *REMOTE_CODE} <= set(os.listdir(tmp_path))
+    assert {"config.json", "generation_config.json", "model.safetensors", *REMOTE_CODE} <= set(os.listdir(tmp_path))
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "domino_draft" and config["architectures"] == ["DominoDraftModel"]
     assert config["auto_map"] == {
@@ -135,13 +135,17 @@ def test_remote_code_draft_next_to_domino_hf(tmp_path):
     draft = remote_class.from_pretrained(tmp_path).eval()
     assert type(draft) is not DominoDraftModel and type(draft).__module__.startswith("transformers_modules.")
     assert_drafted(greedy_both(target, draft, tiny_prompts(1)[0], max_new_tokens=20)[1])
-    # Whichever copy installed the dispatch, each draft drafts with the generator shipped beside its class.
-    from domino_hf.modeling.dispatch_domino import candidate_generator_class
+    # Whichever copy installed the dispatch, each draft drafts with the dispatch and generator shipped beside its
+    # class (the stats of the call come from that generator's module).
+    from domino_hf.modeling.dispatch_domino import _draft_dispatch
 
     remote_package = type(draft).__module__.rpartition(".")[0]
-    assert candidate_generator_class(draft).__module__ == f"{remote_package}.generation_domino"
+    assert _draft_dispatch(draft).__name__ == f"{remote_package}.dispatch_domino"
+    assert type(draft.last_generation_stats).__module__ == f"{remote_package}.generation_domino"
     local = make_tiny_draft(target)
-    assert candidate_generator_class(local).__module__ == "domino_hf.modeling.generation_domino"
+    assert _draft_dispatch(local).__name__ == "domino_hf.modeling.dispatch_domino"
+    assert_drafted(greedy_both(target, local, tiny_prompts(1)[0], max_new_tokens=20)[1])
+    assert type(local.last_generation_stats).__module__ == "domino_hf.modeling.generation_domino"
 
 
 def test_remote_code_older_than_the_running_transformers_says_to_re_export(tmp_path):

@@ -22,6 +22,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from domino_hf import DominoCandidateGenerator, DominoTargetHead
+from domino_hf.modeling import DraftingSettings
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -362,7 +363,7 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
             draft.config.correction_rank, len(draft.config.draft_vocab_ids), bias=False,
         )
     config = GenerationConfig(do_sample=True, max_length=64)
-    generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0])
+    generator = DominoCandidateGenerator(draft, target, config, LogitsProcessorList(), prompts[0], DraftingSettings())
     n = draft.config.num_draft_tokens
     torch.manual_seed(0)
     slot_hidden = torch.randn(n, draft.config.hidden_size)
@@ -377,11 +378,11 @@ def test_fast_rollout_equals_the_teacher_forced_head(fitted_pair, monkeypatch, t
     assert torch.allclose(logits[0], generator.head.to_full_vocab(expected), atol=1e-5)
 
 
-def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_pair, monkeypatch):
+def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_pair):
     target, draft, prompts = fitted_pair("llama")
-    draft.config.context_lookup_tokens = 0  # the Domino block alone
+    draft.generation_config.context_lookup_tokens = 0  # the Domino block alone
     full = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
-    monkeypatch.setattr(draft.config, "draft_confidence_threshold", 0.6)
+    draft.generation_config.draft_confidence_threshold = 0.6
     short = [greedy_both(target, draft, ids, max_new_tokens=20)[1] for ids in prompts[:3]]
     n = draft.config.num_draft_tokens
     assert all(max(s.drafted) == n for s in full)
@@ -392,9 +393,9 @@ def test_adaptive_draft_length_proposes_fewer_tokens_and_stays_lossless(fitted_p
     assert rate(short) >= rate(full)  # the tail it skips is the unlikely part
 
 
-def test_max_draft_tokens_caps_the_proposal_and_stays_lossless(fitted_pair, monkeypatch):
+def test_max_draft_tokens_caps_the_proposal_and_stays_lossless(fitted_pair):
     target, draft, prompts = fitted_pair("llama")
-    monkeypatch.setattr(draft.config, "max_draft_tokens", 2)
+    draft.generation_config.max_draft_tokens = 2
     _, stats = greedy_both(target, draft, prompts[0], max_new_tokens=20)
     assert max(stats.drafted) == 2 and stats.num_steps > 0
 
@@ -408,9 +409,10 @@ def test_bf16_draft_for_an_fp32_target_stays_lossless(fitted_pair, draft_vocab_i
     pair = fitted_pair("llama", num_prompts=2, draft_vocab_ids=vocab) if vocab else fitted_pair("llama")
     target, draft, prompts = pair
     draft = draft.to(torch.bfloat16)
-    generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0])
+    settings = DraftingSettings()
+    generator = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[0], settings)
     assert generator.head.weight.dtype == torch.bfloat16
-    again = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[1])
+    again = DominoCandidateGenerator(draft, target, target.generation_config, None, prompts[1], settings)
     assert again.head is generator.head  # cast once, reused by later generate calls
     accepted = 0
     for ids in prompts[:2] + tiny_prompts(1, seed=5):

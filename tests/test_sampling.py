@@ -154,7 +154,7 @@ def test_sampling_with_draft_is_lossless(target, fitted_draft, warping, draft_vo
 
 def test_adaptive_draft_length_keeps_sampling_exact(target, fitted_draft, monkeypatch):
     """Stopping the draft on its own chain probability depends only on draft-side values: still exact."""
-    monkeypatch.setattr(fitted_draft.config, "draft_confidence_threshold", 0.3)
+    monkeypatch.setattr(fitted_draft.generation_config, "draft_confidence_threshold", 0.3, raising=False)
     counts, drafted, accepted = sample(target, 700, seed=2, assistant_model=fitted_draft)
     assert 0 < accepted < drafted
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN

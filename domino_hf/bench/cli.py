@@ -426,10 +426,15 @@ def _run(args: argparse.Namespace) -> int:
     target, tokenizer = load_target(args.target, dtype, device, **target_kwargs(args))
     draft_dtype = resolve_draft_dtype(args.draft_dtype, dtype, device)
     draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
-    if draft is not None and args.confidence_threshold is not None:
-        draft.config.draft_confidence_threshold = args.confidence_threshold
-    if draft is not None and args.max_draft_tokens is not None:
-        draft.config.max_draft_tokens = args.max_draft_tokens
+    drafting = {}  # the draft's own drafting defaults (its generation_config), as this run overrides them
+    if draft is not None:
+        from ..modeling.configuration_domino import draft_level_settings
+
+        if args.confidence_threshold is not None:
+            draft.generation_config.draft_confidence_threshold = args.confidence_threshold
+        if args.max_draft_tokens is not None:
+            draft.generation_config.max_draft_tokens = args.max_draft_tokens
+        drafting = draft_level_settings(draft.generation_config, draft.config)
     assistant = load_assistant(args.assistant, dtype, device) if args.assistant else None
     kernels = args.target_kernels if args.target_kernels != "auto" else ("optimized" if device == "cpu" else "stock")
     if kernels == "optimized":
@@ -463,8 +468,8 @@ def _run(args: argparse.Namespace) -> int:
             # transformers >= 5.25 swaps some layers for Hub kernels at load unless USE_HUB_KERNELS=0: on a GPU that
             # moves the stock baseline, so the report says whether it happened.
             "target_hub_kernels": bool(getattr(target, "use_kernels", False)),
-            "confidence_threshold": draft.config.draft_confidence_threshold if draft is not None else None,
-            "max_draft_tokens": draft.config.max_draft_tokens if draft is not None else None,
+            "confidence_threshold": drafting.get("draft_confidence_threshold"),
+            "max_draft_tokens": drafting.get("max_draft_tokens"),
         },
     )
     result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)

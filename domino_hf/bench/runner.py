@@ -35,6 +35,7 @@ import torch
 from transformers import GenerationConfig
 
 from ..cpu_kernels import is_optimized, stock_kernels
+from ..modeling.dispatch_domino import profile_drafting
 from ..modeling.generation_domino import acceptance_length
 from .instrument import ForwardProbe, RunRecord, TimingStreamer, steps_from_probe
 from .stats import AR, AR_STOCK, summarize
@@ -164,8 +165,8 @@ class DominoMethod(Method):
     so their τ is the draft's and their head gain compares like with like; `domino` keeps the draft's own
     no-fit fallback, as a user gets it. The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head
     through `config.use_domino_head`.
-    With `profile`, the draft times its own phases (`draft.profile_timings`); both switches are restored
-    after every call, so the caller's draft leaves the benchmark as it came in.
+    With `profile`, the draft times its own phases (`profile_drafting`, into the stats' `timings`); the head
+    switch is restored after every call, so the caller's draft leaves the benchmark as it came in.
     """
 
     def __init__(self, draft, name: str, profile: bool = False):
@@ -185,18 +186,13 @@ class DominoMethod(Method):
     def active(self):
         config = self.drafter.config
         saved = config.use_domino_head
-        saved_profile = self.drafter.__dict__.get("profile_timings")  # None: never set on this instance
         config.use_domino_head = self.use_head
-        self.drafter.profile_timings = self.profile
         self.drafter.last_generation_stats = None
         try:
-            yield
+            with profile_drafting(self.drafter) if self.profile else contextlib.nullcontext():
+                yield
         finally:
             config.use_domino_head = saved
-            if saved_profile is None:
-                del self.drafter.profile_timings
-            else:
-                self.drafter.profile_timings = saved_profile
 
     def steps_from_stats(self):
         stats = getattr(self.drafter, "last_generation_stats", None)

@@ -1,9 +1,10 @@
 """`domino export`: a training run (or checkpoint) -> a Hub-ready draft repo, optionally pushed.
 
-The folder holds `config.json` (with `auto_map`), the remote-code files from `modeling/`, `model.safetensors`
-with the draft's weights only (never the target's), and a model card. `--published-dialect` also writes the
-config keys of the official Domino/DFlash checkpoints (nested `dflash_config`), so SGLang's
-`--speculative-algorithm DFLASH` can serve the same folder.
+The folder holds `config.json` (the architecture, with `auto_map`), `generation_config.json` (the drafting settings,
+`DraftingSettings`; an older folder's settings move there from its config.json), the remote-code files from
+`modeling/`, `model.safetensors` with the draft's weights only (never the target's), and a model card.
+`--published-dialect` also writes the config keys of the official Domino/DFlash checkpoints (nested
+`dflash_config`), so SGLang's `--speculative-algorithm DFLASH` can serve the same folder.
 """
 
 from __future__ import annotations
@@ -288,7 +289,7 @@ def push_draft(draft: DominoDraftModel, repo_id: str, *, commit_message: str | N
 
     Saves the Hub folder (weights, config, remote code, card; `card_options` as for `model_card`) in a temporary
     folder and uploads it; returns the commit URL. Takes `PreTrainedModel.push_to_hub`'s keywords (its `tags`
-    go into the card), so `DominoDraftModel.push_to_hub` can hand its call over unchanged."""
+    go into the card). `DominoDraftModel.push_to_hub` is 🤗's own, with 🤗's generic card."""
     import tempfile
 
     from huggingface_hub import HfApi

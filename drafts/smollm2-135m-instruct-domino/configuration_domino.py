@@ -1,6 +1,8 @@
 # Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
 """Configuration of a Domino draft model (remote-code file: imports only torch and transformers)."""
 
+from dataclasses import dataclass, fields
+
 from transformers import PretrainedConfig
 
 
@@ -39,38 +41,17 @@ class DominoConfig(PretrainedConfig):
             GRU is then primed on the anchor and the first drafted token.
         draft_vocab_ids (`list[int]` or `None`): optional sorted sub-vocabulary (target ids) the draft may
             propose. Base logits and correction are computed over these rows only; `None` = full vocabulary.
-        draft_confidence_threshold (`float`): adaptive draft length. Drafting stops before slot j when the
-            draft's chain probability (probabilities of the tokens drafted so far × slot j's top probability;
-            the Domino head makes it a real chain probability) falls below this; 0 always proposes the whole
-            block. Verifying costs time per token, so on CPUs a threshold avoids paying for unlikely tails.
-            The stop never looks at the token slot j would draw, so sampling stays exact.
-        max_draft_tokens (`int` or `None`): cap on the tokens proposed per step (≤ `num_draft_tokens`); `None`
-            proposes every slot. On hardware where each verified token costs real time (CPUs), a short cap can
-            beat the full block. Lossless (fewer candidates). Caps context-lookup spans too.
-        context_lookup_tokens (`int`): hybrid drafting. Each step the generator also looks the sequence's last
-            n-gram up in the prompt and the generated text (`ContextLookup` in `hybrid_domino.py`: its most recent
-            occurrence) and proposes the span that follows it, up to this many tokens, instead of the Domino
-            block when that span is expected to get more tokens accepted (decided before any draw: exact).
-            0 = Domino blocks only. A per-call `generate(prompt_lookup_num_tokens=…)` overrides it.
-        measure_verify_cost (`bool`): time the target's verify forwards while generating and weigh block
-            against span by this machine's measured cost of verifying k tokens (`VerifyCost`), instead of a
-            fixed curve fitted on one CPU. Timing only steers which proposal goes out, never the output: greedy
-            stays identical and sampling exact; the per-step choices (and so τ) may differ between runs.
-            Off by default: on the 2-core AVX2 machine where it was measured, the choices came out almost the
-            same as with the fixed curve (docs/hybrid.md).
-        cut_lookup_spans (`bool`): send only the prefix of a context-lookup span with the most expected tokens
-            per unit of verify cost under the span history (`SourceChooser.span_length`), instead of the whole
-            span; a copy under way still goes out whole. Cheaper verifies, slightly lower τ (docs/hybrid.md).
-        draft_backoff (`bool`): no-fit fallback (`DraftBackoff` in `hybrid_domino.py`): while the draft's blocks
-            get too few tokens accepted to pay for the longer verify, take plain steps between single probes.
-            Faster where verifying costs real time (CPUs); τ then also counts those plain steps. `False` drafts
-            every step, as the field measures a draft's τ. A per-call `GenerationConfig(draft_backoff=…)`
-            overrides it. Lossless either way.
         target_model_type (`str`), target_name_or_path (`str`): provenance of the target the draft was built
             for (named in the error raised when the draft does not fit a target).
         bos_token_id, eos_token_id, pad_token_id (`int`, `list[int]` or `None`): the target's special token ids.
             The draft never uses them itself; 🤗 pipelines compare them with the target's to decide that the two
             models share a tokenizer (`pipeline(..., assistant_model=draft)`), so `for_target` copies them.
+
+    The drafting policy (`draft_confidence_threshold`, `max_draft_tokens`, `context_lookup_tokens`,
+    `context_lookup_ngram`, `draft_backoff`, `measure_verify_cost`, `cut_lookup_spans`; see [`DraftingSettings`])
+    is not architecture: a draft keeps it in its `generation_config.json`. A config that still carries those keys
+    (checkpoints saved before they moved) accepts and validates them, and drafting reads them after the draft's
+    generation config (`draft_level_settings`).
 
     Every field is checked on construction, on load (`from_pretrained` of a `config.json`) and when set
     afterwards (`config.block_size = 0` raises): a [`DominoConfigError`] (a `ValueError`) names the field and the
@@ -103,12 +84,6 @@ class DominoConfig(PretrainedConfig):
         correction_rank=256,
         pure_draft_prefix_len=1,
         draft_vocab_ids=None,
-        draft_confidence_threshold=0.0,
-        max_draft_tokens=None,
-        context_lookup_tokens=10,
-        measure_verify_cost=False,
-        cut_lookup_spans=False,
-        draft_backoff=True,
         target_model_type=None,
         target_name_or_path=None,
         bos_token_id=None,
@@ -159,12 +134,10 @@ class DominoConfig(PretrainedConfig):
         self.correction_rank = correction_rank
         self.pure_draft_prefix_len = pure_draft_prefix_len
         self.draft_vocab_ids = sorted(int(i) for i in draft_vocab_ids) if draft_vocab_ids is not None else None
-        self.draft_confidence_threshold = float(draft_confidence_threshold)
-        self.max_draft_tokens = max_draft_tokens
-        self.context_lookup_tokens = context_lookup_tokens
-        self.measure_verify_cost = measure_verify_cost
-        self.cut_lookup_spans = cut_lookup_spans
-        self.draft_backoff = draft_backoff
+        for name in DRAFTING_FIELDS:  # drafting keys of a config.json saved before they moved (see above)
+            if name in kwargs:
+                _check_field(name, kwargs[name])
+                setattr(self, name, kwargs.pop(name))
         self.target_model_type = target_model_type
         self.target_name_or_path = target_name_or_path
         self.bos_token_id = bos_token_id
@@ -182,7 +155,7 @@ class DominoConfig(PretrainedConfig):
 
     # ------------------------------------------------------------------------------------------ validation
     def __setattr__(self, key, value):
-        if self.__dict__.get("_checked") and key in _FIELD_RULES:
+        if self.__dict__.get("_checked") and (key in _FIELD_RULES or key in _DRAFTING_RULES):
             _check_field(key, value)
         super().__setattr__(key, value)
 
@@ -305,13 +278,6 @@ _FIELD_RULES = {
     "pure_draft_prefix_len": (lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     "draft_vocab_ids": (lambda v: v is None or _is_id_list(v), "None (full vocabulary) or a non-empty list of "
                         "distinct token ids >= 0"),
-    "draft_confidence_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "a probability in [0, 1] "
-                                   "(0 = always draft the whole block)"),
-    "max_draft_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "None (no cap) or an integer >= 1"),
-    "context_lookup_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no context lookup)"),
-    "measure_verify_cost": (lambda v: isinstance(v, bool), "True or False"),
-    "cut_lookup_spans": (lambda v: isinstance(v, bool), "True or False"),
-    "draft_backoff": (lambda v: isinstance(v, bool), "True or False"),
     "bos_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "pad_token_id": (lambda v: v is None or _is_token_id(v), "None or a token id >= 0"),
     "eos_token_id": (lambda v: v is None or _is_token_id(v) or _is_id_list(v), "None, a token id >= 0 or a list "
@@ -319,15 +285,107 @@ _FIELD_RULES = {
 }
 
 
-def _fail(name, value, allowed) -> None:
-    raise DominoConfigError(f"DominoConfig.{name} must be {allowed}, got {value!r}.")
+def _fail(name, value, allowed, owner="DominoConfig") -> None:
+    raise DominoConfigError(f"{owner}.{name} must be {allowed}, got {value!r}.")
 
 
-def _check_field(name, value) -> None:
-    allowed, description = _FIELD_RULES[name]
+def _check_field(name, value, owner="DominoConfig") -> None:
+    allowed, description = _FIELD_RULES.get(name) or _DRAFTING_RULES[name]
     if not allowed(value):
-        _fail(name, value, description)
+        _fail(name, value, description, owner)
 
+
+
+# ------------------------------------------------------------------------------------------------ drafting policy
+@dataclass(frozen=True)
+class DraftingSettings:
+    r"""
+    The drafting policy of one `generate(..., assistant_model=draft)` call, resolved once by the dispatch
+    (`resolve_drafting_settings` in `dispatch_domino.py`) and handed to the candidate generator. Every field is
+    lossless: it changes what is proposed, never what the target accepts.
+
+    A value comes from, in order: the call (`generate`'s keyword or `GenerationConfig`, see the dispatch), the
+    draft's `generation_config` (its `generation_config.json`), the draft's `config.json` (checkpoints saved
+    before the policy moved out of it), and the defaults below, which are the only place the defaults live.
+
+    Args:
+        draft_confidence_threshold (`float`, defaults to 0.0): adaptive draft length. Drafting stops before slot
+            j when the draft's chain probability (probabilities of the tokens drafted so far × slot j's top
+            probability) falls below this; 0 always proposes the whole block. The stop never looks at the token
+            slot j would draw, so sampling stays exact. Per call: `assistant_confidence_threshold`.
+        max_draft_tokens (`int` or `None`, defaults to `None`): cap on the tokens proposed per step, Domino block
+            or context-lookup span; `None` caps nothing. Per call, `num_assistant_tokens` caps too (the smaller
+            cap wins).
+        num_assistant_tokens_schedule (`str`, defaults to `"constant"`): per call only. `"heuristic"` grows the
+            cap by 2 after a fully accepted proposal and shrinks it by 1 otherwise, as transformers does for its
+            assistants.
+        context_lookup_tokens (`int`, defaults to 10): hybrid drafting. Each step the generator also looks the
+            sequence's last n-gram up in the prompt and the generated text (`ContextLookup`) and proposes the span
+            that follows it, up to this many tokens, when that span is expected to get more tokens accepted than
+            the Domino block. 0 = Domino blocks only. Per call: `prompt_lookup_num_tokens`.
+        context_lookup_ngram (`int`, defaults to 3): the longest suffix n-gram looked up (a 3-gram match is a far
+            better predictor than transformers' prompt-lookup default of 2). Per call: `max_matching_ngram_size`.
+        draft_backoff (`bool`, defaults to `True`): while the draft's blocks get too few tokens accepted to pay
+            for the longer verify, take plain steps between single probes (`DraftBackoff`). `False` drafts every
+            step, as the field measures a draft's τ.
+        measure_verify_cost (`bool`, defaults to `False`): time the target's verify forwards while generating and
+            weigh block against span by this machine's measured cost (`VerifyCost`) instead of a fixed curve.
+            Timing steers only which proposal goes out: greedy stays identical, sampling exact, but the per-step
+            choices may differ between runs.
+        cut_lookup_spans (`bool`, defaults to `False`): send only the prefix of a context-lookup span with the most
+            expected tokens per unit of verify cost (`SourceChooser.span_length`) instead of the whole span.
+
+    A bad value raises a [`DominoConfigError`] naming the setting and its allowed range.
+    """
+
+    draft_confidence_threshold: float = 0.0
+    max_draft_tokens: int | None = None
+    num_assistant_tokens_schedule: str = "constant"
+    context_lookup_tokens: int = 10
+    context_lookup_ngram: int = 3
+    draft_backoff: bool = True
+    measure_verify_cost: bool = False
+    cut_lookup_spans: bool = False
+
+    def __post_init__(self):
+        for item in fields(self):
+            _check_field(item.name, getattr(self, item.name), owner="DraftingSettings")
+        object.__setattr__(self, "draft_confidence_threshold", float(self.draft_confidence_threshold))
+
+
+_BOOL = (lambda v: isinstance(v, bool), "True or False")
+_SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+_DRAFTING_RULES = {
+    "draft_confidence_threshold": (lambda v: _is_number(v) and 0 <= v <= 1, "a probability in [0, 1] "
+                                   "(0 = always draft the whole block)"),
+    "max_draft_tokens": (lambda v: v is None or (_is_int(v) and v >= 1), "None (no cap) or an integer >= 1"),
+    "num_assistant_tokens_schedule": (lambda v: v in _SCHEDULES, f"one of {_SCHEDULES}"),
+    "context_lookup_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = no context lookup)"),
+    "context_lookup_ngram": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "draft_backoff": _BOOL,
+    "measure_verify_cost": _BOOL,
+    "cut_lookup_spans": _BOOL,
+}
+# The settings a draft may carry as its own defaults (its generation_config.json); the schedule is per call only.
+DRAFTING_FIELDS = tuple(item.name for item in fields(DraftingSettings) if item.name != "num_assistant_tokens_schedule")
+
+
+def draft_level_settings(generation_config, config) -> dict:
+    """The draft's own drafting defaults, one value per `DRAFTING_FIELDS` name: its `generation_config`'s
+    field when set, else the field of a `config` that still carries it (older checkpoints), else the
+    `DraftingSettings` default. Each value is checked (a bad one names its setting and the allowed range)."""
+    values = {}
+    for item in fields(DraftingSettings):
+        if item.name not in DRAFTING_FIELDS:
+            continue
+        for source, owner in ((generation_config, "generation_config"), (config, "DominoConfig")):
+            if source is not None and item.name in vars(source):
+                values[item.name] = vars(source)[item.name]
+                _check_field(item.name, values[item.name], owner=owner)
+                break
+        else:
+            values[item.name] = item.default
+    return values
 
 def head_sizes_for(hidden_size: int) -> dict:
     """Domino head sizes for a target of width `hidden_size`: `gru_hidden_dim` = min(1024, P) and

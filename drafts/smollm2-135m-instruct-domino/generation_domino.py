@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import time
 
 import torch
@@ -23,8 +24,6 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .hybrid_domino import (
-    DEFAULT_LOOKUP_NGRAM,
-    DEFAULT_LOOKUP_TOKENS,
     ContextLookup,
     DraftBackoff,
     SourceChooser,
@@ -34,7 +33,6 @@ from .hybrid_domino import (
     expected_accepted,
     shadow_accepted,
 )
-from .modeling_domino import DominoContextCache
 from .target_domino import (
     DominoHeadTables,
     DominoTargetHead,
@@ -57,6 +55,28 @@ def acceptance_length(accepted) -> float | None:
 _HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
 
 
+class DominoContextCache:
+    """Per-layer keys/values of the verified context, each (b, kv_heads, c, head_dim), that the generator keeps
+    for the draft's forward (`past_key_values`). Only accepted positions are appended, so it is never cropped;
+    the block's own keys/values are never stored."""
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+
+    def __len__(self) -> int:
+        return 0 if not self.keys else self.keys[0].shape[2]
+
+    def update(self, layer_idx: int, keys: torch.Tensor, values: torch.Tensor):
+        if layer_idx == len(self.keys):
+            self.keys.append(keys)
+            self.values.append(values)
+        else:
+            self.keys[layer_idx] = torch.cat([self.keys[layer_idx], keys], dim=2)
+            self.values[layer_idx] = torch.cat([self.values[layer_idx], values], dim=2)
+        return self.keys[layer_idx], self.values[layer_idx]
+
+
 class DominoGenerationStats:
     """What one `generate` call did, per verify step (prefill excluded): tokens drafted and accepted, and
     where the proposal came from: `domino` (the draft's block), `lookup` (a span copied from the context) or
@@ -67,7 +87,7 @@ class DominoGenerationStats:
         self.accepted: list[int] = []
         self.sources: list[str] = []
         self.draft_runs: list[bool] = []  # whether the draft's forward ran (a span can go out without it)
-        # Seconds per phase, filled when `draft.profile_timings` is set (bench --profile).
+        # Seconds per phase, filled when the generator profiles (`profile_drafting` in the dispatch).
         self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
 
     def record(self, drafted: int, accepted: int, source: str, draft_ran: bool = False) -> None:
@@ -95,47 +115,6 @@ class DominoGenerationStats:
         )
 
 
-def drafting_settings(config, generation_config) -> dict:
-    """Per-call drafting settings: `generate`'s GenerationConfig first, then the draft's config.
-
-    * `num_assistant_tokens` caps the tokens proposed per step, Domino block or lookup span (transformers'
-      default, 20, caps nothing for a block of ≤ 20), and so does the draft's `max_draft_tokens`;
-      `num_assistant_tokens_schedule` "heuristic" grows the cap by 2 after a fully accepted proposal and
-      shrinks it by 1 otherwise, as transformers does for its assistants.
-    * `assistant_confidence_threshold` drives the adaptive draft length when it differs from transformers'
-      default 0.4; `generate` fills that default in before we see the config, so an explicit 0.4 cannot be
-      told from an unset one, and the draft's `draft_confidence_threshold` applies then.
-    * `prompt_lookup_num_tokens`: the context-lookup span (0 turns the lookup off; unset: the draft's
-      `context_lookup_tokens`, else `DEFAULT_LOOKUP_TOKENS`); `max_matching_ngram_size` the longest n-gram
-      matched (unset: `DEFAULT_LOOKUP_NGRAM`).
-    * `draft_backoff` (not a 🤗 field: set it on the GenerationConfig passed to `generate`): pause the draft
-      while it does not pay (unset: the draft's `draft_backoff`); `False` drafts every step.
-    """
-    defaults = generation_config._get_default_generation_params()
-    threshold = generation_config.assistant_confidence_threshold
-    if threshold is None or threshold == defaults.get("assistant_confidence_threshold"):
-        threshold = getattr(config, "draft_confidence_threshold", 0.0) or 0.0
-    backoff = getattr(generation_config, "draft_backoff", None)  # None: unset
-    if backoff is None:
-        backoff = getattr(config, "draft_backoff", True)
-    lookup = generation_config.prompt_lookup_num_tokens
-    if lookup is None:
-        lookup = getattr(config, "context_lookup_tokens", DEFAULT_LOOKUP_TOKENS)
-    cap = int(generation_config.num_assistant_tokens or 2**31)
-    if getattr(config, "max_draft_tokens", None):
-        cap = min(cap, config.max_draft_tokens)
-    return {
-        "cap": cap,
-        "schedule": generation_config.num_assistant_tokens_schedule or "constant",
-        "threshold": float(threshold),
-        "lookup_tokens": max(int(lookup or 0), 0),
-        "lookup_ngram": int(generation_config.max_matching_ngram_size or DEFAULT_LOOKUP_NGRAM),
-        "measure_cost": bool(getattr(config, "measure_verify_cost", False)),
-        "cut_spans": bool(getattr(config, "cut_lookup_spans", False)),
-        "backoff": bool(backoff),
-    }
-
-
 def _probe_copy(criterion):
     """A copy of a stopping criterion whose list, dict and set attributes are its own (a shallow copy would share
     them, and with them any state the criterion updates when called); everything else, a tokenizer included, is
@@ -156,11 +135,29 @@ class DominoCandidateGenerator(CandidateGenerator):
     any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span
     is deterministic given the context, so its q is one-hot. When the draft's blocks keep being rejected it
     backs off to plain steps (`DraftBackoff`).
+
+    The dispatch (`make_candidate_generator` in `dispatch_domino.py`) builds it for each `generate` call.
+
+    Args:
+        draft ([`DominoDraftModel`]): the draft.
+        target (`PreTrainedModel`): the target being decoded; the draft borrows its embedding and LM head.
+        generation_config (`GenerationConfig`): the call's config (max length, sampling, hidden states asked).
+        logits_processor (`LogitsProcessorList` or `None`): the target's processors, applied to the draft's
+            logits too (sampling, and the draft's q in speculative sampling).
+        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt; batch size 1 only.
+        settings ([`DraftingSettings`]): the drafting policy of this call, resolved by the dispatch.
+        stopping_criteria (`StoppingCriteriaList`, *optional*): the call's criteria; those transformers does not
+            check inside an accepted block (stop strings, user criteria) cut proposals here.
+        stats ([`DominoGenerationStats`], *optional*): where the steps are recorded (a fresh one when omitted);
+            the generator owns it as `stats`.
+        profile_phases (`bool`, defaults to `False`): time the draft's phases into `stats.timings` (synchronising
+            a CUDA device around each phase, which slows drafting down).
     """
 
     requires_model_outputs = True
 
-    def __init__(self, draft, target, generation_config, logits_processor, input_ids, stopping_criteria=None):
+    def __init__(self, draft, target, generation_config, logits_processor, input_ids, settings,
+                 stopping_criteria=None, stats=None, profile_phases=False):
         if input_ids.shape[0] != 1:
             raise ValueError(
                 f"Domino speculative decoding supports batch size 1, got {input_ids.shape[0]} sequences. "
@@ -189,31 +186,31 @@ class DominoCandidateGenerator(CandidateGenerator):
         self.use_head = draft.has_domino_head
         # Head tables once per generate call (weights do not change while generating), not per step.
         self.tables = DominoHeadTables.cached(draft, target, self.head) if self.use_head else None
-        settings = drafting_settings(self.config, generation_config)
-        self.cap, self.schedule, self.threshold = settings["cap"], settings["schedule"], settings["threshold"]
+        self.settings = settings
+        self.cap = math.inf if settings.max_draft_tokens is None else settings.max_draft_tokens
+        self.schedule, self.threshold = settings.num_assistant_tokens_schedule, settings.draft_confidence_threshold
         self.lookup = None
-        if settings["lookup_tokens"] > 0:
+        if settings.context_lookup_tokens > 0:
             self.lookup = ContextLookup(
-                settings["lookup_tokens"],
-                settings["lookup_ngram"],
+                settings.context_lookup_tokens,
+                settings.context_lookup_ngram,
                 eos_token_id=generation_config.eos_token_id,
                 logits_processor=self.logits_processor,
                 vocab_size=self.head.vocab_size,
             )
-        cost = VerifyCost.for_device(target.device, measure=settings["measure_cost"])
+        cost = VerifyCost.for_device(target.device, measure=settings.measure_verify_cost)
         proposed = self.config.num_draft_tokens + 1
-        self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings["backoff"] else None
-        self.chooser = SourceChooser(max(settings["lookup_tokens"], 1), cost, cut_spans=settings["cut_spans"])
+        self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings.draft_backoff else None
+        self.chooser = SourceChooser(max(settings.context_lookup_tokens, 1), cost, cut_spans=settings.cut_lookup_spans)
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the span lookup found at the step being proposed
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
         )
-        self.stats = DominoGenerationStats()
+        self.stats = stats if stats is not None else DominoGenerationStats()
         self._step: _Step | None = None  # the step awaiting verification
-        draft.last_generation_stats = self.stats
-        self.profile = bool(getattr(draft, "profile_timings", False))
+        self.profile = bool(profile_phases)
         self._sync = torch.cuda.synchronize if (self.profile and draft.device.type == "cuda") else (lambda: None)
 
     @property

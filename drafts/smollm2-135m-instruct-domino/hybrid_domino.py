@@ -14,12 +14,6 @@ from typing import NamedTuple
 
 import torch
 
-# Context lookup defaults: span length (also for drafts saved before `DominoConfig.context_lookup_tokens`
-# existed) and the longest suffix n-gram looked up (transformers' prompt lookup uses 2; a 3-gram match is a far
-# better predictor, see `SPAN_START_RATES`).
-DEFAULT_LOOKUP_TOKENS = 10
-DEFAULT_LOOKUP_NGRAM = 3
-
 # h[j] = P(token j+1 of a span is accepted | the tokens before it were), by the length of the n-gram match that
 # found the span (3 stands for 3 or more), before a `generate` call has seen any span. Measured with
 # `ContextLookup` on 500 of the target's own answers to ShareGPT prompts (SmolLM2-135M-Instruct, greedy; no
@@ -274,7 +268,7 @@ class SourceChooser:
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
-        self.cut_spans = cut_spans  # DominoConfig.cut_lookup_spans
+        self.cut_spans = cut_spans  # DraftingSettings.cut_lookup_spans
 
     def span_model(self, span: Span) -> SpanModel:
         return self.spans[min(max(span.ngram, 1), max(self.spans))]
