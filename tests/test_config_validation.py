@@ -81,7 +81,10 @@ def test_a_draft_folder_with_a_bad_value_does_not_load(tmp_path):
 
 
 def test_setting_a_bad_value_later_raises_and_keeps_the_old_one():
+    """Drafting keys on a config (the layout of checkpoints saved before they moved to generation_config.json)
+    are still checked when set, as the architecture fields are."""
     config = DominoConfig()
+    assert "draft_confidence_threshold" not in vars(config)  # the architecture only, unless given
     config.draft_confidence_threshold = 0.3
     config.max_draft_tokens = 2
     with pytest.raises(DominoConfigError, match=r"draft_confidence_threshold must be a probability in \[0, 1\]"):

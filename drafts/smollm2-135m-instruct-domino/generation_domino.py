@@ -78,16 +78,23 @@ class DominoContextCache:
 
 
 class DominoGenerationStats:
-    """What one `generate` call did, per verify step (prefill excluded): tokens drafted and accepted, and
-    where the proposal came from: `domino` (the draft's block), `lookup` (a span copied from the context) or
-    `none` (a plain target step)."""
+    """What one `generate` call did, per verify step (prefill excluded). The generator owns it; the draft shows
+    the last call's as `draft.last_generation_stats`.
+
+    Attributes:
+        drafted (`list[int]`): tokens proposed at each step.
+        accepted (`list[int]`): of those, tokens the target accepted (the bonus token not counted).
+        sources (`list[str]`): where each proposal came from: `domino` (the draft's block), `lookup` (a span
+            copied from the context) or `none` (a plain target step).
+        draft_runs (`list[bool]`): whether the draft's forward ran at each step (a span can go out without it).
+        timings (`dict[str, float]`): seconds per drafting phase, filled only when profiling (`profile_drafting`).
+    """
 
     def __init__(self):
         self.drafted: list[int] = []
         self.accepted: list[int] = []
         self.sources: list[str] = []
-        self.draft_runs: list[bool] = []  # whether the draft's forward ran (a span can go out without it)
-        # Seconds per phase, filled when the generator profiles (`profile_drafting` in the dispatch).
+        self.draft_runs: list[bool] = []
         self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
 
     def record(self, drafted: int, accepted: int, source: str, draft_ran: bool = False) -> None:
