@@ -100,7 +100,8 @@ def test_a_setting_changes_what_is_proposed(fitted_pair):
     draft.generation_config.draft_backoff = False
     target.generate(prompts[0], do_sample=False, max_new_tokens=16, assistant_model=draft)
     stats = draft.last_generation_stats
-    assert_drafted(stats) and max(stats.drafted) == 1 and "lookup" not in stats.sources
+    assert_drafted(stats)
+    assert max(stats.drafted) == 1 and "lookup" not in stats.sources
 
 
 def test_precedence_call_then_draft_then_config_then_defaults():
@@ -243,3 +244,24 @@ def test_remote_code_imports_flow_one_way():
 
     cycles = [name for name in graph if reaches(name, name)]
     assert not cycles
+
+
+def test_remote_code_reads_the_generation_config(tmp_path, fitted_pair):
+    """The checkpoint's own remote-code class (as `trust_remote_code=True` loads it where domino_hf is not
+    imported) reads the draft's generation_config.json and drafts by it, as domino_hf's class does."""
+    from transformers.dynamic_module_utils import get_class_from_dynamic_module
+
+    target, draft, prompts = fitted_pair("llama")
+    draft.generation_config.context_lookup_tokens = 0
+    draft.generation_config.max_draft_tokens = 1
+    draft.save_pretrained(tmp_path)
+    remote = get_class_from_dynamic_module("modeling_domino.DominoDraftModel", str(tmp_path)).from_pretrained(tmp_path)
+    assert type(remote) is not DominoDraftModel
+    assert (remote.generation_config.context_lookup_tokens, remote.generation_config.max_draft_tokens) == (0, 1)
+    for loaded in (remote.eval(), DominoDraftModel.from_pretrained(tmp_path).eval()):
+        reference = target.generate(prompts[0], do_sample=False, max_new_tokens=16)
+        output = target.generate(prompts[0], do_sample=False, max_new_tokens=16, assistant_model=loaded)
+        stats = loaded.last_generation_stats
+        assert output.tolist() == reference.tolist()
+        assert_drafted(stats)
+        assert max(stats.drafted) == 1 and "lookup" not in stats.sources
