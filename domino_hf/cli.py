@@ -18,7 +18,8 @@ from .cli_common import HelpFormatter
 SUBCOMMANDS = {
     "regen": ("domino_hf.training.regen_cli", "Have the target answer prompts: the training data for a draft."),
     "self-prompts": ("domino_hf.training.self_prompts", "Have the target write user prompts: a training source."),
-    "features": ("domino_hf.training.features_cli", "Cache the target's context features of training data (resumable)."),
+    "features": ("domino_hf.training.features_cli",
+                 "Cache the target's context features of training data (resumable)."),
     "train": ("domino_hf.training.train_cli", "Train a Domino draft for a target on regenerated data."),
     "export": ("domino_hf.training.export", "Turn a training run into a Hub-ready draft repo (and push it)."),
     "bench": ("domino_hf.bench.cli", "Benchmark Domino against plain, prompt-lookup, assisted and DFlash decoding."),

@@ -78,6 +78,19 @@ def resolve_dtype(name: str, device: str = "cpu"):
     return dtype
 
 
+def resolve_draft_dtype(name: str, target_dtype, device: str):
+    """`domino bench --draft-dtype`: an explicit dtype name, or `auto`: bfloat16 for a float32 target on a CPU with
+    native bf16 (drafting only proposes tokens, so a cheaper draft precision keeps the output exact), else the
+    target's dtype."""
+    import torch
+
+    if name != "auto":
+        return torch_dtype(name)
+    if device == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
+        return torch.bfloat16
+    return target_dtype
+
+
 def warn_if_emulated(option: str, fix: str) -> None:
     """Warn that `option` asks this CPU for a precision it has no native matmuls for, naming `fix`; silent on a CPU
     with native bf16. The one wording of that warning for every command (`resolve_dtype`, `domino train --bf16`)."""

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoModel
 
 from domino_hf import DominoTargetHead, load_target
-from domino_hf.bench.cli import build_prompts
+from domino_hf.bench.pipeline import build_prompts
 from domino_hf.modeling.generation_domino import acceptance_length
 from domino_hf.training.dataset import RegenDataset
 from domino_hf.training.teacher_forced import replay_answer

@@ -13,6 +13,7 @@ import torch
 
 from domino_hf.bench import BenchConfig, BenchPrompt, run_benchmark, write_report
 from domino_hf.bench import cli as bench_cli
+from domino_hf.bench import pipeline
 from domino_hf.bench import runner
 from domino_hf.bench.stats import histogram, per_position_acceptance
 from domino_hf.modeling.generation_domino import acceptance_length
@@ -280,10 +281,10 @@ def test_cli_help_and_defaults():
     assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "runs/bench"
     assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
     assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True
-    assert bench_cli.cpu_cores() >= 1
+    assert pipeline.cpu_cores() >= 1
     default = ["autoregressive", "prompt_lookup", "dflash", "domino_no_lookup", "domino"]
-    assert bench_cli.choose_methods(None, None) == default
-    assert "assisted" in bench_cli.choose_methods(None, "some/assistant")
+    assert pipeline.choose_methods(None, None) == default
+    assert "assisted" in pipeline.choose_methods(None, "some/assistant")
     with pytest.raises(SystemExit):
         _parse(["--help"])
 
@@ -291,7 +292,7 @@ def test_cli_help_and_defaults():
 @pytest.mark.parametrize("value, expected", [("1", 1), ("3", 3), ("", None), ("0", None), ("two", None)])
 def test_default_threads_follow_omp_num_threads(monkeypatch, value, expected):
     monkeypatch.setenv("OMP_NUM_THREADS", value)
-    assert bench_cli.default_threads() == (expected or bench_cli.cpu_cores())
+    assert pipeline.default_threads() == (expected or pipeline.cpu_cores())
 
 
 def test_cli_draft_methods_need_a_draft(caplog):
@@ -311,7 +312,7 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     draft.save_pretrained(tmp_path / "draft")
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"id": i, "prompt": f"w{i} w{i + 1} w{i}"}) for i in range(3)))
-    monkeypatch.setattr(bench_cli, "load_target", lambda name, dtype, device, **hub_options: (target, tiny_tokenizer))
+    monkeypatch.setattr(pipeline, "load_target", lambda name, dtype, device, **hub_options: (target, tiny_tokenizer))
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
             "--out", str(tmp_path / "out"), "--threads", "1"]
@@ -339,7 +340,7 @@ def test_cli_chat_template(tmp_path, tiny_tokenizer, caplog):
     prompts.write_text(json.dumps({"id": "a", "prompt": "w1 w2 w3"}) + "\n")
     jinja = tmp_path / "t.jinja"
     jinja.write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
-    built = {name: bench_cli.build_prompts(tiny_tokenizer, [str(prompts)], 1, chat_template=name)[0].input_ids
+    built = {name: pipeline.build_prompts(tiny_tokenizer, [str(prompts)], 1, chat_template=name)[0].input_ids
              for name in ("auto", "none", str(jinja))}
     assert built["auto"] == chat_input_ids(tiny_tokenizer, ["w1 w2 w3"])
     assert built["none"] == chat_input_ids(tiny_tokenizer, ["w1 w2 w3"], chat_template="none")
@@ -372,13 +373,15 @@ def test_humaneval_pass1_end_to_end(tiny_tokenizer):
 
 def test_draft_dtype_auto(monkeypatch):
     """auto: bf16 draft only for an fp32 target on a CPU with native bf16; otherwise the target's dtype."""
-    monkeypatch.setattr(bench_cli, "cpu_has_native_bf16", lambda: True)
-    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.bfloat16
-    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cuda") == torch.float32
-    assert bench_cli.resolve_draft_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
-    assert bench_cli.resolve_draft_dtype("float16", torch.float32, "cpu") == torch.float16
-    monkeypatch.setattr(bench_cli, "cpu_has_native_bf16", lambda: False)
-    assert bench_cli.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.float32
+    import domino_hf.dtypes as dtypes
+
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: True)
+    assert dtypes.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.bfloat16
+    assert dtypes.resolve_draft_dtype("auto", torch.float32, "cuda") == torch.float32
+    assert dtypes.resolve_draft_dtype("auto", torch.bfloat16, "cpu") == torch.bfloat16
+    assert dtypes.resolve_draft_dtype("float16", torch.float32, "cpu") == torch.float16
+    monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: False)
+    assert dtypes.resolve_draft_dtype("auto", torch.float32, "cpu") == torch.float32
 
 
 def test_resolve_dtype_auto_and_slow_half_precision(monkeypatch, caplog):

@@ -181,7 +181,7 @@ def _git(cwd, *args):
 
 
 def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, caplog):
-    from domino_hf.bench import cli as bench_cli
+    from domino_hf.bench import pipeline
 
     report = tmp_path / "docs" / "bench"
     report.mkdir(parents=True)
@@ -192,9 +192,9 @@ def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, ca
     _git(tmp_path, "commit", "-qm", "report")
 
     def no_target(*args, **kwargs):
-        raise bench_cli.UsageError("target load reached")
+        raise pipeline.UsageError("target load reached")
 
-    monkeypatch.setattr(bench_cli, "load_target", no_target)
+    monkeypatch.setattr(pipeline, "load_target", no_target)
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "--methods", "autoregressive", "--out", "docs/bench"]
     assert main(argv) == 2
@@ -208,12 +208,12 @@ def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, ca
 
 
 def test_bench_checks_prompt_sets_and_draft_before_loading_models(monkeypatch, caplog):
-    from domino_hf.bench import cli as bench_cli
+    from domino_hf.bench import pipeline
 
     def no_target(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(bench_cli, "load_target", no_target)
+    monkeypatch.setattr(pipeline, "load_target", no_target)
     assert main(["bench", "--methods", "autoregressive", "--prompts", "mt_bench,nosuchset"]) == 2
     line = next(r.getMessage() for r in caplog.records if "nosuchset" in r.getMessage())
     assert "\n" not in line and "neither a file nor one of: mt_bench, alpaca, sum, qa, copy_heavy" in line

@@ -1,4 +1,5 @@
-"""`domino bench`: speculative decoding benchmark on the 🤗 Transformers backend.
+"""`domino bench`'s command line: the options, parsed into a `pipeline.BenchRequest` and run by
+`pipeline.run_bench`; the tables are printed.
 
 Exit codes: 0 = done; 1 = a method's greedy output differed from autoregressive decoding (not lossless);
 2 = bad arguments or a missing model.
@@ -8,18 +9,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
-from pathlib import Path
 
-from ..cli_common import RawDescriptionHelpFormatter, add_target_arguments, target_kwargs
-from ..dtypes import DTYPE_NAMES, cpu_has_native_bf16, dtype_name, torch_dtype
-from ..data import add_chat_template_argument, check_chat_template, check_prompt_source
-from ..utils import git_tracked, looks_like_local_path
-from .runner import AR, BenchConfig, BenchPrompt
+from ..cli_common import RawDescriptionHelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
+from ..dtypes import DTYPE_NAMES
+from .pipeline import BenchRequest, UsageError, run_bench
+from .report import markdown
+from .runner import AR, BenchConfig
 
 logger = logging.getLogger(__name__)
-
-DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
 
 DESCRIPTION = """\
 Benchmark speculative decoding on the 🤗 Transformers backend, the way the literature reports it.
@@ -259,235 +256,30 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-class UsageError(Exception):
-    """A problem the user fixes with a flag; reported without a traceback (exit code 2)."""
-
-
-def resolve_draft(draft: str | None, methods: list[str]) -> str:
-    """The draft to load (`--draft`, a folder or a Hub id); none given, or a missing local folder, is a clear
-    error."""
-    if draft is None:
-        raise UsageError(
-            f"--methods {','.join(methods)} needs a Domino draft: pass --draft PATH_OR_HUB_ID (in a domino-hf "
-            "checkout: --draft drafts/smollm2-135m-instruct-domino; train your own with `domino train` and "
-            "`domino export`), or benchmark without one: --methods autoregressive,prompt_lookup."
-        )
-    looks_local = looks_like_local_path(draft) or Path(draft).expanduser().exists() or draft.count("/") != 1
-    if looks_local and not Path(draft).expanduser().is_dir():
-        raise UsageError(f"--draft {draft}: no such folder (give a local draft folder or a Hub id `owner/name`).")
-    return str(Path(draft).expanduser()) if looks_local else draft
-
-
-def refuse_tracked_overwrite(out: Path, names: list[str], overwrite: bool) -> None:
-    """A report file that git tracks (the committed docs/bench) is replaced only with --overwrite_output_dir."""
-    tracked = [name for name in names if git_tracked(out / name)]
-    if tracked and not overwrite:
-        raise UsageError(
-            f"--out {out}: {', '.join(tracked)} is tracked by git (a committed report). Write elsewhere "
-            "(default runs/bench, or --name STEM) or pass --overwrite_output_dir to replace it."
-        )
-
-
-def resolve_device(device: str) -> str:
-    import torch
-
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return device
-
-
-def resolve_draft_dtype(name: str, target_dtype, device: str):
-    """`--draft-dtype`: an explicit dtype, or `auto` (see its help)."""
-    import torch
-
-    if name != "auto":
-        return torch_dtype(name)
-    if device == "cpu" and target_dtype == torch.float32 and cpu_has_native_bf16():
-        return torch.bfloat16
-    return target_dtype
-
-
-def load_draft(name: str, dtype, device):
-    from transformers import AutoModel
-
-    try:
-        draft = AutoModel.from_pretrained(name, trust_remote_code=True, dtype=dtype)
-    except OSError as err:
-        raise UsageError(f"Could not load the draft {name!r}: {err}") from err
-    return draft.to(device).eval()
-
-
-def load_assistant(name: str, dtype, device):
-    from transformers import AutoModelForCausalLM
-
-    try:
-        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
-    except OSError as err:
-        raise UsageError(f"Could not load the assistant {name!r}: {err}") from err
-
-
-def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None = None,
-                  chat_template: str = "auto") -> list[BenchPrompt]:
-    """Read each source and format its first user turn (MT-Bench: turn 1) as `chat_template` says (`auto`: the
-    tokenizer's chat template, plain text without one; `none`; or a Jinja file)."""
-    from ..data import chat_input_ids, read_prompts
-
-    prompts = []
-    for source in sources:
-        prompt_set = read_prompts(source, limit)
-        name = Path(source).stem if Path(source).suffix else source
-        if prompt_set.skipped:
-            logger.warning("%s: skipped %d malformed record(s)", source, prompt_set.skipped)
-        if not prompt_set.records:
-            raise UsageError(f"Prompt source {source!r} has no usable prompts.")
-        for record in prompt_set.records:
-            ids = chat_input_ids(tokenizer, record.turns[:1], system=system or record.meta.get("system"),
-                                 chat_template=chat_template)
-            prompts.append(BenchPrompt(name, record.id, ids))
-    return prompts
-
-
-def choose_methods(requested: list[str] | None, assistant: str | None) -> list[str]:
-    from .runner import ALL_METHODS
-
-    if requested is None:
-        return [m for m in ALL_METHODS if m != "assisted" or assistant]
-    unknown = [m for m in requested if m not in ALL_METHODS]
-    if unknown:
-        raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS)}.")
-    if "assisted" in requested and not assistant:
-        raise UsageError(
-            "--methods assisted needs --assistant NAME_OR_PATH (a small model sharing the target's tokenizer)."
-        )
-    return requested
-
-
-def load_target(name: str, dtype, device, **hub_options):
-    from ..targets import load_target as _load
-
-    try:
-        return _load(name, dtype=dtype, device=device, **hub_options)
-    except (OSError, ImportError) as err:  # a missing folder, package or Hub model
-        raise UsageError(str(err)) from err
-
-
-def cpu_cores() -> int:
-    """Cores this process may run on (its affinity mask), which can be fewer than the machine has."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-def default_threads() -> int:
-    """$OMP_NUM_THREADS when it is a positive integer (what torch itself obeys: two benchmarks started with
-    OMP_NUM_THREADS=1 on a 2-core machine must not each spin two threads), else `cpu_cores()`."""
-    value = os.environ.get("OMP_NUM_THREADS", "").strip()
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return cpu_cores()
+def bench_request(args: argparse.Namespace) -> BenchRequest:
+    """The `BenchRequest` that `domino bench`'s options describe."""
+    return BenchRequest(
+        target=args.target, target_options=target_kwargs(args), draft=args.draft,
+        confidence_threshold=args.confidence_threshold, max_draft_tokens=args.max_draft_tokens,
+        assistant=args.assistant, dtype=args.dtype, draft_dtype=args.draft_dtype, target_kernels=args.target_kernels,
+        device=args.device, methods=args.methods, prompts=args.prompts, num_prompts=args.num_prompts,
+        system=args.system, chat_template=args.chat_template, threads=args.threads,
+        config=BenchConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
+                           repeats=args.repeats, warmup=args.warmup, prompt_lookup_tokens=args.prompt_lookup_tokens,
+                           profile=args.profile, progress=not args.no_progress),
+        humaneval_pass1=args.humaneval_pass1, pass1_problems=args.pass1_problems, pass1_samples=args.pass1_samples,
+        pass1_temperature=args.pass1_temperature, pass1_max_new_tokens=args.pass1_max_new_tokens, out=args.out,
+        overwrite_output_dir=args.overwrite_output_dir, name=args.name, plots=not args.no_plots,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
+    """Entry point of `domino bench`; returns the exit code (see the module doc)."""
     try:
-        return _run(args)
+        result, paths = run_bench(bench_request(args))
     except UsageError as err:
         logger.error("%s", err)
         return 2
-
-
-def _run(args: argparse.Namespace) -> int:
-    import torch
-
-    from .report import markdown, write_report
-    from .runner import run_benchmark
-
-    dtype = torch_dtype(args.dtype)
-    device = resolve_device(args.device)
-    methods = choose_methods(args.methods, args.assistant)
-    needs_draft = any(m in DRAFT_METHODS for m in methods) or args.humaneval_pass1
-    draft_name = resolve_draft(args.draft, methods) if needs_draft else None
-    try:
-        for source in args.prompts:
-            check_prompt_source(source)
-    except FileNotFoundError as err:
-        raise UsageError(f"--prompts: {err}") from None
-    try:
-        check_chat_template(args.chat_template)
-    except FileNotFoundError as err:
-        raise UsageError(str(err)) from None
-    stem = args.name or ("bench" if args.temperature <= 0 else f"bench_T{args.temperature:g}")
-    refuse_tracked_overwrite(Path(args.out), [f"{stem}.json", f"{stem}.md"], args.overwrite_output_dir)
-    threads = args.threads or default_threads()  # after the argument checks: a usage error changes nothing
-    torch.set_num_threads(threads)
-    if args.dtype != "float32" and args.temperature <= 0:
-        logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", args.dtype)
-
-    target, tokenizer = load_target(args.target, dtype, device, **target_kwargs(args))
-    draft_dtype = resolve_draft_dtype(args.draft_dtype, dtype, device)
-    draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
-    drafting = {}  # the draft's own drafting defaults (its generation_config), as this run overrides them
-    if draft is not None:
-        from ..modeling.configuration_domino import draft_level_settings
-
-        if args.confidence_threshold is not None:
-            draft.generation_config.draft_confidence_threshold = args.confidence_threshold
-        if args.max_draft_tokens is not None:
-            draft.generation_config.max_draft_tokens = args.max_draft_tokens
-        drafting = draft_level_settings(draft.generation_config, draft.config)
-    assistant = load_assistant(args.assistant, dtype, device) if args.assistant else None
-    kernels = args.target_kernels if args.target_kernels != "auto" else ("optimized" if device == "cpu" else "stock")
-    if kernels == "optimized":
-        from ..cpu_kernels import optimize_for_cpu
-
-        for model in (target, draft, assistant):
-            if model is not None:
-                optimize_for_cpu(model)
-    prompts = build_prompts(tokenizer, args.prompts, args.num_prompts, args.system, args.chat_template)
-    config = BenchConfig(
-        methods=tuple(methods),
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        seed=args.seed,
-        prompt_lookup_tokens=args.prompt_lookup_tokens,
-        profile=args.profile,
-        progress=not args.no_progress,
-        extra={
-            "target": args.target,
-            "draft": draft_name,
-            "assistant": args.assistant,
-            "dtype": args.dtype,
-            "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,
-            "device": device,
-            "sources": args.prompts,
-            "system": args.system,
-            "chat_template": args.chat_template,
-            "threads": threads,
-            # transformers >= 5.25 swaps some layers for Hub kernels at load unless USE_HUB_KERNELS=0: on a GPU that
-            # moves the stock baseline, so the report says whether it happened.
-            "target_hub_kernels": bool(getattr(target, "use_kernels", False)),
-            "confidence_threshold": drafting.get("draft_confidence_threshold"),
-            "max_draft_tokens": drafting.get("max_draft_tokens"),
-        },
-    )
-    result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
-    if args.humaneval_pass1:
-        from .humaneval import humaneval_pass1
-
-        result["humaneval_pass1"] = humaneval_pass1(
-            target,
-            tokenizer,
-            draft,
-            num_problems=args.pass1_problems,
-            samples=args.pass1_samples,
-            temperature=args.pass1_temperature,
-            max_new_tokens=args.pass1_max_new_tokens,
-            seed=args.seed,
-            progress=not args.no_progress,
-        )
-    paths = write_report(result, args.out, stem=stem, plots=not args.no_plots)
     print(markdown(result))
     print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
     failed = [m for m, v in result["methods"].items() if v["lossless"] is False]

@@ -1,0 +1,265 @@
+"""What `domino bench` does, without its command line: check a `BenchRequest`, load the models it names, build
+its prompts, run the benchmark (`runner.run_benchmark`) and write the report (`report.write_report`).
+
+Everything the user fixes with an option is a `UsageError`, raised before any model loads where it can be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import targets
+from ..chat import chat_input_ids, check_chat_template
+from ..cpu_kernels import optimize_for_cpu
+from ..data import check_prompt_source, read_prompts
+from ..dtypes import dtype_name, resolve_draft_dtype, torch_dtype
+from ..modeling.configuration_domino import draft_level_settings
+from ..utils import git_tracked, looks_like_local_path
+from .humaneval import humaneval_pass1
+from .report import write_report
+from .runner import ALL_METHODS, BenchConfig, BenchPrompt, run_benchmark
+
+logger = logging.getLogger(__name__)
+
+DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
+
+
+@dataclass
+class BenchRequest:
+    """A benchmark as `domino bench` describes it by names (its options, same meanings and defaults); `config`
+    holds the decoding and timing settings, its methods and `extra` filled in by `run_bench`."""
+
+    target: str = "smollm2"
+    target_options: dict[str, Any] = field(default_factory=dict)  # load_target's trust_remote_code, revision, token
+    draft: str | None = None
+    confidence_threshold: float | None = None
+    max_draft_tokens: int | None = None
+    assistant: str | None = None
+    dtype: str = "float32"
+    draft_dtype: str = "auto"
+    target_kernels: str = "auto"
+    device: str = "cpu"
+    methods: list[str] | None = None
+    prompts: list[str] = field(default_factory=lambda: ["humaneval", "mt_bench"])
+    num_prompts: int = 10
+    system: str | None = None
+    chat_template: str = "auto"
+    threads: int | None = None
+    config: BenchConfig = field(default_factory=BenchConfig)
+    humaneval_pass1: bool = False
+    pass1_problems: int = 20
+    pass1_samples: int = 5
+    pass1_temperature: float = 1.0
+    pass1_max_new_tokens: int = 256
+    out: str = "runs/bench"
+    overwrite_output_dir: bool = False
+    name: str | None = None
+    plots: bool = True
+
+    @property
+    def stem(self) -> str:
+        """The report files' stem: `name`, else `bench`, or `bench_T<temperature>` when sampling."""
+        temperature = self.config.temperature
+        return self.name or ("bench" if temperature <= 0 else f"bench_T{temperature:g}")
+
+
+class UsageError(Exception):
+    """A problem the user fixes with a flag; reported without a traceback (exit code 2)."""
+
+
+def resolve_draft(draft: str | None, methods: list[str]) -> str:
+    """The draft to load (`--draft`, a folder or a Hub id); none given, or a missing local folder, is a clear
+    error."""
+    if draft is None:
+        raise UsageError(
+            f"--methods {','.join(methods)} needs a Domino draft: pass --draft PATH_OR_HUB_ID (in a domino-hf "
+            "checkout: --draft drafts/smollm2-135m-instruct-domino; train your own with `domino train` and "
+            "`domino export`), or benchmark without one: --methods autoregressive,prompt_lookup."
+        )
+    looks_local = looks_like_local_path(draft) or Path(draft).expanduser().exists() or draft.count("/") != 1
+    if looks_local and not Path(draft).expanduser().is_dir():
+        raise UsageError(f"--draft {draft}: no such folder (give a local draft folder or a Hub id `owner/name`).")
+    return str(Path(draft).expanduser()) if looks_local else draft
+
+
+def refuse_tracked_overwrite(out: Path, names: list[str], overwrite: bool) -> None:
+    """A report file that git tracks (the committed docs/bench) is replaced only with --overwrite_output_dir."""
+    tracked = [name for name in names if git_tracked(out / name)]
+    if tracked and not overwrite:
+        raise UsageError(
+            f"--out {out}: {', '.join(tracked)} is tracked by git (a committed report). Write elsewhere "
+            "(default runs/bench, or --name STEM) or pass --overwrite_output_dir to replace it."
+        )
+
+
+def resolve_device(device: str) -> str:
+    """`--device`: `auto` is cuda when one is available, else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def load_draft(name: str, dtype, device):
+    from transformers import AutoModel
+
+    try:
+        draft = AutoModel.from_pretrained(name, trust_remote_code=True, dtype=dtype)
+    except OSError as err:
+        raise UsageError(f"Could not load the draft {name!r}: {err}") from err
+    return draft.to(device).eval()
+
+
+def load_assistant(name: str, dtype, device):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(name, dtype=dtype).to(device).eval()
+    except OSError as err:
+        raise UsageError(f"Could not load the assistant {name!r}: {err}") from err
+
+
+def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None = None,
+                  chat_template: str = "auto") -> list[BenchPrompt]:
+    """Read each source and format its first user turn (MT-Bench: turn 1) as `chat_template` says (`auto`: the
+    tokenizer's chat template, plain text without one; `none`; or a Jinja file)."""
+    prompts = []
+    for source in sources:
+        prompt_set = read_prompts(source, limit)
+        name = Path(source).stem if Path(source).suffix else source
+        if prompt_set.skipped:
+            logger.warning("%s: skipped %d malformed record(s)", source, prompt_set.skipped)
+        if not prompt_set.records:
+            raise UsageError(f"Prompt source {source!r} has no usable prompts.")
+        for record in prompt_set.records:
+            ids = chat_input_ids(tokenizer, record.turns[:1], system=system or record.meta.get("system"),
+                                 chat_template=chat_template)
+            prompts.append(BenchPrompt(name, record.id, ids))
+    return prompts
+
+
+def choose_methods(requested: list[str] | None, assistant: str | None) -> list[str]:
+    if requested is None:
+        return [m for m in ALL_METHODS if m != "assisted" or assistant]
+    unknown = [m for m in requested if m not in ALL_METHODS]
+    if unknown:
+        raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS)}.")
+    if "assisted" in requested and not assistant:
+        raise UsageError(
+            "--methods assisted needs --assistant NAME_OR_PATH (a small model sharing the target's tokenizer)."
+        )
+    return requested
+
+
+def load_target(name: str, dtype, device, **hub_options):
+    """`targets.load_target`, a missing folder, package or Hub model being a `UsageError`."""
+    try:
+        return targets.load_target(name, dtype=dtype, device=device, **hub_options)
+    except (OSError, ImportError) as err:  # a missing folder, package or Hub model
+        raise UsageError(str(err)) from err
+
+
+def cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask), which can be fewer than the machine has."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """$OMP_NUM_THREADS when it is a positive integer (what torch itself obeys: two benchmarks started with
+    OMP_NUM_THREADS=1 on a 2-core machine must not each spin two threads), else `cpu_cores()`."""
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return cpu_cores()
+
+
+def run_bench(request: BenchRequest) -> tuple[dict, dict]:
+    """Run the benchmark `request` describes and write its report; `(result, written paths)`.
+
+    The methods, the draft, the prompt sources, the chat template and the report's place are checked before any
+    model loads; a problem there, or a model that cannot be loaded, is a `UsageError`."""
+    dtype = torch_dtype(request.dtype)
+    device = resolve_device(request.device)
+    methods = choose_methods(request.methods, request.assistant)
+    needs_draft = any(m in DRAFT_METHODS for m in methods) or request.humaneval_pass1
+    draft_name = resolve_draft(request.draft, methods) if needs_draft else None
+    try:
+        for source in request.prompts:
+            check_prompt_source(source)
+    except FileNotFoundError as err:
+        raise UsageError(f"--prompts: {err}") from None
+    try:
+        check_chat_template(request.chat_template)
+    except FileNotFoundError as err:
+        raise UsageError(str(err)) from None
+    stem = request.stem
+    refuse_tracked_overwrite(Path(request.out), [f"{stem}.json", f"{stem}.md"], request.overwrite_output_dir)
+    threads = request.threads or default_threads()  # after the argument checks: a usage error changes nothing
+    torch.set_num_threads(threads)
+    if request.dtype != "float32" and request.config.temperature <= 0:
+        logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", request.dtype)
+
+    target, tokenizer = load_target(request.target, dtype, device, **request.target_options)
+    draft_dtype = resolve_draft_dtype(request.draft_dtype, dtype, device)
+    draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
+    drafting = {}  # the draft's own drafting defaults (its generation_config), as this run overrides them
+    if draft is not None:
+        if request.confidence_threshold is not None:
+            draft.generation_config.draft_confidence_threshold = request.confidence_threshold
+        if request.max_draft_tokens is not None:
+            draft.generation_config.max_draft_tokens = request.max_draft_tokens
+        drafting = draft_level_settings(draft.generation_config, draft.config)
+    assistant = load_assistant(request.assistant, dtype, device) if request.assistant else None
+    kernels = request.target_kernels
+    if kernels == "auto":
+        kernels = "optimized" if device == "cpu" else "stock"
+    if kernels == "optimized":
+        for model in (target, draft, assistant):
+            if model is not None:
+                optimize_for_cpu(model)
+    prompts = build_prompts(tokenizer, request.prompts, request.num_prompts, request.system, request.chat_template)
+    config = dataclasses.replace(
+        request.config,
+        methods=tuple(methods),
+        extra={
+            "target": request.target,
+            "draft": draft_name,
+            "assistant": request.assistant,
+            "dtype": request.dtype,
+            "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,
+            "device": device,
+            "sources": request.prompts,
+            "system": request.system,
+            "chat_template": request.chat_template,
+            "threads": threads,
+            # transformers >= 5.25 swaps some layers for Hub kernels at load unless USE_HUB_KERNELS=0: on a GPU that
+            # moves the stock baseline, so the report says whether it happened.
+            "target_hub_kernels": bool(getattr(target, "use_kernels", False)),
+            "confidence_threshold": drafting.get("draft_confidence_threshold"),
+            "max_draft_tokens": drafting.get("max_draft_tokens"),
+        },
+    )
+    result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+    if request.humaneval_pass1:
+        result["humaneval_pass1"] = humaneval_pass1(
+            target,
+            tokenizer,
+            draft,
+            num_problems=request.pass1_problems,
+            samples=request.pass1_samples,
+            temperature=request.pass1_temperature,
+            max_new_tokens=request.pass1_max_new_tokens,
+            seed=config.seed,
+            progress=config.progress,
+        )
+    paths = write_report(result, request.out, stem=stem, plots=request.plots)
+    return result, paths
