@@ -16,6 +16,7 @@ from domino_hf.bench import cli as bench_cli
 from domino_hf.bench import pipeline
 from domino_hf.bench import runner
 from domino_hf.bench.stats import histogram, per_position_acceptance
+from domino_hf.modeling.dispatch_domino import profile_drafting
 from domino_hf.modeling.generation_domino import acceptance_length
 
 from conftest import make_tiny_target, never_right_draft, tiny_prompts
@@ -48,6 +49,12 @@ def bench_models(fitted_pair, tmp_path_factory):
         BenchPrompt("code" if i % 2 else "chat", f"p{i}", p[0].tolist()) for i, p in enumerate(prompts[:4])
     ]
     return target, loaded, assistant, bench_prompts, folder
+
+
+def _drafts_without_timing(target, draft, prompt: BenchPrompt) -> bool:
+    """A plain `generate` with the draft after a benchmark: profiling must be off again (no phase timed)."""
+    target.generate(torch.tensor([prompt.input_ids]), assistant_model=draft, max_new_tokens=4, do_sample=False)
+    return not any(draft.last_generation_stats.timings.values())
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +126,9 @@ def test_profile_off_leaves_no_trace(bench_models):
     result = run_benchmark(target, prompts[:1], config, draft=draft)
     assert "profile" not in result and result["config"]["profile"] is False
     assert all("phase_ms" not in r for r in result["runs"])
-    assert "profile_timings" not in draft.__dict__
+    assert _drafts_without_timing(target, draft, prompts[0])
+    with profile_drafting(draft):  # the check sees timing when profiling is on
+        assert not _drafts_without_timing(target, draft, prompts[0])
     assert runner.resolve_profile(None, torch.device("cuda")) is False
     assert runner.resolve_profile(None, torch.device("cpu")) is True
 
@@ -135,9 +144,9 @@ def test_draft_stats_match_target_forward_counts(greedy_result):
 
 
 def test_dflash_and_profile_switches_are_restored(bench_models, greedy_result):
-    draft = bench_models[1]
+    target, draft, _, prompts, _ = bench_models
     assert draft.config.use_domino_head is True
-    assert "profile_timings" not in draft.__dict__
+    assert _drafts_without_timing(target, draft, prompts[0])
 
 
 def test_stats_helpers_on_a_hand_example():
