@@ -33,7 +33,8 @@ def local_tasks(folder: Path) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+# The second architecture runs in the integration tier: the fast tier checks one.
+@pytest.fixture(scope="module", params=["llama", pytest.param("qwen3", marks=pytest.mark.integration)])
 def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     tokenizer = make_tiny_tokenizer(chat_template=None)
@@ -49,8 +50,10 @@ def evaluate(root, tasks, model, limit=6, **model_args):
     from lm_eval.tasks import TaskManager
 
     args = {"pretrained": str(root / "target"), "device": "cpu", "dtype": "float32", **model_args}
+    # Only the example tasks are indexed: lm-eval's own thousands of task files take most of a minute to index.
+    manager = TaskManager(include_path=str(tasks), include_defaults=False)
     return lm_eval.simple_evaluate(model=model, model_args=args, tasks=TASKS, limit=limit, log_samples=True,
-                                   task_manager=TaskManager(include_path=str(tasks)))
+                                   task_manager=manager)
 
 
 def samples(results):
@@ -102,6 +105,7 @@ def test_stats_per_task(setup):
     assert results["domino"]["draft"] == str(root / "draft")
 
 
+@pytest.mark.integration  # lm-eval's command line indexes all of its own task files first
 def test_the_command_line(setup, tmp_path, capsys, caplog):
     """`domino lm-eval` is lm-eval's own command line: the printed table and the results JSON carry τ; on CPU
     the target runs on `optimize_for_cpu` kernels, said in the log."""

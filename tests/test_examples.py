@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,10 +28,12 @@ def run_train_tiny(out: Path, **env_vars: str) -> subprocess.CompletedProcess:
     return result
 
 
+@pytest.mark.integration  # the whole regen → features → train → export → generate pipeline, through the CLI
 def test_train_tiny_runs_the_whole_pipeline(tmp_path):
     run_train_tiny(tmp_path / "out")
 
 
+@pytest.mark.integration
 def test_train_tiny_on_a_gemma3_style_base_model_whose_features_overflow_float16(tmp_path):
     """regen → features → train → export → lossless generate for a base model (no chat template) with a 262k
     vocabulary, sliding-window layers and hidden states beyond 65504: the features stay finite, training is not NaN,

@@ -275,10 +275,12 @@ def test_a_server_with_another_tokenizer_is_refused(server):
 
 
 class _Flaky(http.server.BaseHTTPRequestHandler):
-    """Serves one model; /v1/completions fails as `script` says (429, 503, "stall"), then answers."""
+    """Serves one model; /v1/completions fails as `script` says (429, 503, "stall"), then answers. A stalled request
+    is answered only once the next request arrives: the client's retry after its timeout, however long that takes."""
 
     script: list = []
     seen: list = []
+    retried = threading.Event()
 
     def log_message(self, *args):
         pass
@@ -300,13 +302,15 @@ class _Flaky(http.server.BaseHTTPRequestHandler):
         if self.path != "/v1/completions":
             return self._reply(404, {"detail": "Not Found"})
         self.seen.append(body)
+        self.retried.set()
         step = self.script.pop(0) if self.script else "ok"
         if step == 429:
             return self._reply(429, {"error": {"message": "slow down"}}, [("Retry-After", "0")])
         if step == 503:
             return self._reply(503, {"error": {"message": "overloaded"}})
         if step == "stall":
-            time.sleep(0.6)
+            self.retried.clear()
+            self.retried.wait(timeout=60)
         self._reply(200, {"choices": [{"text": " w3 w4", "finish_reason": "stop"}],
                           "usage": {"prompt_tokens": 9, "completion_tokens": 2}})
 
@@ -325,7 +329,7 @@ def flaky():
 def test_429_5xx_and_timeouts_are_retried_with_backoff(flaky, tiny_tokenizer, tmp_path):
     handler, url = flaky
     handler.script = [429, 503, "stall"]
-    client = EndpointClient(url, timeout=0.3, retries=3, backoff=0.01)
+    client = EndpointClient(url, timeout=1.0, retries=3, backoff=0.01)
     engine = EndpointRegen(client, tiny_tokenizer, GenerationConfig(eos_token_id=tiny_tokenizer.eos_token_id),
                            max_new_tokens=4)
     prompts = PromptSet([PromptRecord(id="x", turns=["w1 w2"])], 0, "test")

@@ -187,6 +187,7 @@ def test_resume_after_kill_ends_with_identical_weights(target, tmp_path, monkeyp
         assert torch.allclose(a, b, atol=1e-6), name
 
 
+@pytest.mark.integration  # torchrun starts two processes that each import torch and transformers
 def test_two_processes_train_the_same_model_as_one(target, tmp_path):
     data = write_regen(tmp_path / "d.jsonl", target, count=8, equal=True)
     worker = str(REPO / "tests" / "_train_worker.py")
