@@ -135,7 +135,7 @@ class LengthGroupedEpochSampler(Sampler):
     """transformers' length grouping (random mega-batches of 50 batches, each sorted by length, so that a batch
     pads to about its own examples' length), with the order drawn from (seed, epoch) alone: the same in every
     process and after a resume, like the anchors. Why: a random batch of SmolLM2's mixed ShareGPT and built-source
-    training data pads to 2.0× its tokens (docs/training.md)."""
+    training data pads to 2.0× its tokens (docs/experiments.md)."""
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int = 0):
         self.lengths, self.batch_size, self.seed, self.epoch = lengths, batch_size, seed, 0

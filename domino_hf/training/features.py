@@ -7,7 +7,7 @@ killed extraction resumes at the first missing shard and loses at most one shard
 `--features DIR` then needs no target forward at all. The draft config the features were extracted for is
 written beside the shards (`draft_config.json`), and `domino train --features DIR` uses it.
 
-Storage (`--store`, measured in docs/training.md): hidden states of some targets (Gemma 3) reach 1e5, beyond
+Storage (`--store`, measured in docs/experiments.md): hidden states of some targets (Gemma 3) reach 1e5, beyond
 fp16's 65504, so plain fp16 is no default. `bfloat16` (default) has fp32's range; `float16-scaled` keeps fp16's
 three extra mantissa bits and stores a power-of-two scale per layer and example so nothing overflows;
 `float32` is exact at twice the disk. Non-finite values are never written: extraction fails naming the

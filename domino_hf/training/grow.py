@@ -40,7 +40,7 @@ def grow_draft_layers(draft: DominoDraftModel, num_layers: int) -> int:
     layers added. Each new layer goes on top as a copy of the last one with its two residual outputs (attention
     `o_proj`, MLP `down_proj`) zeroed, so it adds nothing until training moves them.
 
-    Why: passes of more data over the same two layers saturate (docs/training.md, rounds 3-4), while a deeper
+    Why: passes of more data over the same two layers saturate (docs/experiments.md, the staged drafts), while a deeper
     draft trained from random weights starts far behind; growing keeps what the shallow draft learnt."""
     have = draft.config.num_hidden_layers
     if num_layers < have:

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="`target`: the target answers; `source`: the source's own assistant reply is the answer (ShareGPT "
         "`conversations`, chat `messages`; first turns only; no generation, only the tokenizer is loaded), rows "
         "marked `response_from: source`: context for `domino train`, which labels them with the target's own next "
-        "token at the first draft slot (docs/training.md) (default: %(default)s).")
+        "token at the first draft slot (docs/training.md, 'Source answers as extra context') (default: %(default)s).")
     add("--turns", default="first", choices=TURN_CHOICES,
         help="`first` answers the first user turn of each record (id = the record's id); `all` also answers the "
         "later turns of multi-turn records, turn by turn, each after the target's own earlier answers (never the "

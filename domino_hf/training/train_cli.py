@@ -147,7 +147,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     recipe.add_argument(
         "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
         help="Batch examples of similar length (transformers' grouping, ordered by seed and epoch): far less "
-             "padding on data of mixed lengths (1.2x a step on SmolLM2's mixed training data, docs/training.md).",
+             "padding on data of mixed lengths (1.2x a step on SmolLM2's mixed training data, docs/experiments.md).",
     )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
@@ -170,7 +170,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     run_group.add_argument(
         "--bf16", action=argparse.BooleanOptionalAction, default=None,
         help="bf16 mixed precision (fp32 master weights). Default: on with a GPU that supports it; on a CPU with "
-             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/training.md), on other CPUs many "
+             "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/experiments.md), on other CPUs many "
              "times slower.",
     )
     run_group.add_argument(
