@@ -184,6 +184,14 @@ def fit_tiny_draft(draft, target, prompts, new_tokens: int = 24, steps: int = 50
     return loss.item()
 
 
+@pytest.fixture(autouse=True)
+def one_thread_per_test():
+    """Every test starts on one intra-op thread (see the top of this file), whatever an earlier test left: a command
+    run in-process (`domino bench` sets the thread count for the whole process) must not leave the tests after it
+    on two threads, which crawl when another job holds the other core."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="module")
 def single_thread():
     """One intra-op thread: tiny models gain nothing from more, and spinning thread pools crawl on a shared,
