@@ -17,6 +17,9 @@ lm_eval = pytest.importorskip("lm_eval")
 from domino_hf.eval import DominoLM  # noqa: E402  (registers `--model domino`)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
+# Runs through lm-evaluation-harness's whole evaluation pipeline: the integration tier (except the test below that
+# needs no lm-eval run).
+integration = pytest.mark.integration
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "lm_eval"
 TASKS = ["domino_alpaca", "domino_alpaca_loglikelihood"]
@@ -33,8 +36,7 @@ def local_tasks(folder: Path) -> Path:
     return folder
 
 
-# The second architecture runs in the integration tier: the fast tier checks one.
-@pytest.fixture(scope="module", params=["llama", pytest.param("qwen3", marks=pytest.mark.integration)])
+@pytest.fixture(scope="module", params=["llama", "qwen3"])
 def setup(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
     tokenizer = make_tiny_tokenizer(chat_template=None)
@@ -66,6 +68,7 @@ def scores(results):
             for task, metrics in results["results"].items()}
 
 
+@integration
 def test_domino_gives_hf_samples_and_scores(setup):
     """Same generations (every sample) and the same metrics, task by task; τ comes from real drafting."""
     root, tasks = setup
@@ -77,6 +80,7 @@ def test_domino_gives_hf_samples_and_scores(setup):
     assert any(s["resps"][0][0] for s in generated)  # something was generated, not only empty strings
 
 
+@integration
 def test_batch_size_above_one_batches_loglikelihood_and_generates_one_by_one(setup):
     """`batch_size=3`: loglikelihood requests are batched as `hf` batches them; generation runs one sequence at a
     time with the draft, so its samples are those of `hf` at batch size 1."""
@@ -89,6 +93,7 @@ def test_batch_size_above_one_batches_loglikelihood_and_generates_one_by_one(set
     assert scores(domino)["domino_alpaca_loglikelihood"] == scores(hf_three)["domino_alpaca_loglikelihood"]
 
 
+@integration
 def test_stats_per_task(setup):
     from domino_hf.eval import add_domino_stats
 

@@ -98,6 +98,7 @@ def test_which_replies_are_documents_to_summarise():
         assert summaries._document(text) is None, name
 
 
+@pytest.mark.integration  # a second interpreter rebuilds every source, dm-math's generator child included
 def test_the_sources_are_the_same_in_every_process(static_sets):
     """A process with another string-hash seed and without torch imported (torch replaces `inspect.getfile`) reads
     the same records: dm-math's child runs with PYTHONHASHSEED=0, the stdlib sources parse source files."""
