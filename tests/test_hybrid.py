@@ -197,7 +197,12 @@ def lookup_steps(target, draft, n, seed, **kwargs):
     return steps
 
 
-@pytest.mark.parametrize("forced, timed", [(False, False), (True, False), (False, True)])
+@pytest.mark.parametrize("forced, timed", [
+    (False, False),
+    # The variants run with the integration tier (CI); the fast loop keeps the rule as shipped.
+    pytest.param(True, False, marks=pytest.mark.integration),
+    pytest.param(False, True, marks=pytest.mark.integration),
+])
 def test_sampling_with_lookup_is_exact(target, monkeypatch, forced, timed):
     """The rule as shipped, lookup forced, and the timing-driven options (measured verify cost, cut spans)."""
 
@@ -211,6 +216,7 @@ def test_sampling_with_lookup_is_exact(target, monkeypatch, forced, timed):
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > 1e-3
 
 
+@pytest.mark.integration  # hundreds of sampled generations: the full suite
 def test_wrong_lookup_q_is_caught(target, monkeypatch):
     """Teeth: claiming a uniform q for lookup tokens (instead of one-hot) biases the output, and the test sees it."""
     always_lookup(monkeypatch)

@@ -137,9 +137,12 @@ def test_exact_distribution_matches_target_alone(target):
     "warping, draft_vocab_ids, n",
     [
         ("plain", "fitted", 1000),
-        ("temperature_top_p", "fitted", 700),
-        ("temperature_top_k", [0, 2, 4], 700),  # sub-vocabulary without the target's second-best token
-        ("plain", [1, 3, 4, 5], 600),  # sub-vocabulary without the target's favourite token
+        # The variants run with the integration tier (CI); the fast loop keeps the plain case.
+        pytest.param("temperature_top_p", "fitted", 700, marks=pytest.mark.integration),
+        # sub-vocabulary without the target's second-best token
+        pytest.param("temperature_top_k", [0, 2, 4], 700, marks=pytest.mark.integration),
+        # sub-vocabulary without the target's favourite token
+        pytest.param("plain", [1, 3, 4, 5], 600, marks=pytest.mark.integration),
     ],
 )
 def test_sampling_with_draft_is_lossless(target, fitted_draft, warping, draft_vocab_ids, n):
@@ -152,6 +155,7 @@ def test_sampling_with_draft_is_lossless(target, fitted_draft, warping, draft_vo
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList(warpers))) > P_MIN
 
 
+@pytest.mark.integration  # a statistical variant (hundreds of sampled generations): the full suite
 def test_adaptive_draft_length_keeps_sampling_exact(target, fitted_draft, monkeypatch):
     """Stopping the draft on its own chain probability depends only on draft-side values: still exact."""
     monkeypatch.setattr(fitted_draft.generation_config, "draft_confidence_threshold", 0.3, raising=False)
@@ -160,6 +164,7 @@ def test_adaptive_draft_length_keeps_sampling_exact(target, fitted_draft, monkey
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > P_MIN
 
 
+@pytest.mark.integration  # a statistical variant: the full suite
 def test_bf16_draft_keeps_sampling_exact(target, fitted_draft):
     """q is whatever the (bf16) draft drew from, upcast: a cheaper draft precision changes acceptance only."""
     import copy
@@ -179,6 +184,7 @@ class LiftOutsideToken(LogitsProcessor):
         return scores
 
 
+@pytest.mark.integration  # a statistical variant: the full suite
 def test_sampling_exact_when_a_processor_puts_mass_outside_the_sub_vocabulary(target, monkeypatch):
     """The draw normally runs over the sub-vocabulary's columns only; a processor that lifts a token outside
     it must send the draft back to the full-width draw, or q would be wrong."""
