@@ -90,6 +90,7 @@ def test_save_pretrained_writes_a_hub_ready_folder(tmp_path):
     assert_drafted(greedy_both(target, loaded.eval(), tiny_prompts(1)[0], max_new_tokens=20)[1])
 
 
+@pytest.mark.integration  # a second interpreter that cannot import domino_hf loads the checkpoint
 def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
     """`AutoModel.from_pretrained(folder, trust_remote_code=True)` in a Python that cannot import domino_hf."""
     target, draft, prompts = fitted_pair("qwen3")

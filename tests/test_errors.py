@@ -265,6 +265,7 @@ def test_unsupported_transformers_version_fails_clearly(monkeypatch):
             install_generate_hook()
 
 
+@pytest.mark.integration  # a second interpreter with a pretend transformers release
 def test_remote_code_on_an_unsupported_transformers_fails_at_load(tmp_path, pair):
     """A checkpoint's remote code (domino_hf not importable) refuses to load on transformers outside the
     supported range, naming the range, instead of patching internals it was never tested against."""

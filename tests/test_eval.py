@@ -16,10 +16,9 @@ lm_eval = pytest.importorskip("lm_eval")
 
 from domino_hf.eval import DominoLM  # noqa: E402  (registers `--model domino`)
 
-pytestmark = pytest.mark.usefixtures("single_thread")
-# Runs through lm-evaluation-harness's whole evaluation pipeline: the integration tier (except the test below that
-# needs no lm-eval run).
-integration = pytest.mark.integration
+# Runs through lm-evaluation-harness's whole evaluation pipeline (or, below, a second interpreter): the integration
+# tier.
+pytestmark = [pytest.mark.usefixtures("single_thread"), pytest.mark.integration]
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "lm_eval"
 TASKS = ["domino_alpaca", "domino_alpaca_loglikelihood"]
@@ -68,7 +67,6 @@ def scores(results):
             for task, metrics in results["results"].items()}
 
 
-@integration
 def test_domino_gives_hf_samples_and_scores(setup):
     """Same generations (every sample) and the same metrics, task by task; τ comes from real drafting."""
     root, tasks = setup
@@ -80,7 +78,6 @@ def test_domino_gives_hf_samples_and_scores(setup):
     assert any(s["resps"][0][0] for s in generated)  # something was generated, not only empty strings
 
 
-@integration
 def test_batch_size_above_one_batches_loglikelihood_and_generates_one_by_one(setup):
     """`batch_size=3`: loglikelihood requests are batched as `hf` batches them; generation runs one sequence at a
     time with the draft, so its samples are those of `hf` at batch size 1."""
@@ -93,7 +90,6 @@ def test_batch_size_above_one_batches_loglikelihood_and_generates_one_by_one(set
     assert scores(domino)["domino_alpaca_loglikelihood"] == scores(hf_three)["domino_alpaca_loglikelihood"]
 
 
-@integration
 def test_stats_per_task(setup):
     from domino_hf.eval import add_domino_stats
 
@@ -110,7 +106,6 @@ def test_stats_per_task(setup):
     assert results["domino"]["draft"] == str(root / "draft")
 
 
-@pytest.mark.integration  # lm-eval's command line indexes all of its own task files first
 def test_the_command_line(setup, tmp_path, capsys, caplog):
     """`domino lm-eval` is lm-eval's own command line: the printed table and the results JSON carry τ; on CPU
     the target runs on `optimize_for_cpu` kernels, said in the log."""

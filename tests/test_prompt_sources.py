@@ -44,6 +44,7 @@ def test_every_built_source_has_a_builder():
     assert set(BUILT_SOURCES) == set(prompt_sources.BUILDERS)
 
 
+@pytest.mark.integration  # builds every real source in full (the shipped data): the full suite
 def test_real_sources_have_many_distinct_stable_ids(static_sets):
     minimum = {"chatterbot": 4000, "translate": 8000, "python-docs": 500, "python-code": 1000, "summarize": 3000}
     for name, prompts in static_sets.items():
@@ -55,6 +56,7 @@ def test_real_sources_have_many_distinct_stable_ids(static_sets):
     assert [r.id for r in again] == [r.id for r in static_sets["python-code"].records[:50]]
 
 
+@pytest.mark.integration
 def test_what_each_source_holds(static_sets):
     chat = static_sets["chatterbot"]
     assert len({r.meta["language"] for r in chat}) >= 25  # multilingual
@@ -130,6 +132,7 @@ def test_an_injected_benchmark_prompt_is_dropped(monkeypatch, benchmark_filter):
     assert read_prompts("chatterbot", limit=12).contaminated == 5  # dropped ones do not count toward a limit
 
 
+@pytest.mark.integration
 def test_no_benchmark_prompt_in_the_shipped_sources(static_sets, benchmark_filter):
     """After the filter, no turn of any real source overlaps a benchmark; and the copy-heavy set's stdlib modules
     are not used at all (make_copy_set.py's lists are the ones `COPY_SET_MODULES` names)."""
