@@ -24,6 +24,7 @@ from transformers import (
 )
 
 from domino_hf import DominoCandidateGenerator
+from domino_hf.modeling.dispatch_domino import resolve_drafting_settings
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -224,7 +225,8 @@ def test_candidate_logits_span_the_target_vocabulary(target):
     draft = peaked_draft(target, draft_vocab_ids=[0, 2, 4])
     generation_config = GenerationConfig(do_sample=True, max_length=20, temperature=0.5)
     warpers = LogitsProcessorList([TemperatureLogitsWarper(0.5)])
-    generator = DominoCandidateGenerator(draft, target, generation_config, warpers, PROMPT)
+    settings = resolve_drafting_settings(draft, generation_config)
+    generator = DominoCandidateGenerator(draft, target, generation_config, warpers, PROMPT, settings)
     with torch.no_grad():
         outputs = target(PROMPT, output_hidden_states=True)
     ids = torch.cat([PROMPT, torch.tensor([[5]])], dim=1)
