@@ -11,19 +11,17 @@ import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from verify_cost import kernel_set
+from verify_cost import Bench, kernel_set
 
 from domino_hf import load_target
 
 
-def shares(model, cache, tokens: int) -> tuple[float, dict[str, float]]:
-    """(total self CPU ms, {op: share}) of one forward of `tokens` new tokens; the cache is cropped back."""
-    new = torch.randint(100, 20000, (1, tokens))
-    model(new, past_key_values=cache, use_cache=True)  # warm-up
-    cache.crop(-tokens)
+def shares(bench: Bench, tokens: int) -> tuple[float, dict[str, float]]:
+    """(total self CPU ms, {op: share}) of one forward of `tokens` new tokens over the bench's cache (which
+    `Bench.forward` crops back), after one untimed warm-up forward."""
+    bench.forward(tokens)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
-        model(new, past_key_values=cache, use_cache=True)
-    cache.crop(-tokens)
+        bench.forward(tokens)
     events = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in events)
     return total / 1e3, {e.key: e.self_cpu_time_total / total for e in events}
@@ -40,14 +38,12 @@ def main(argv=None) -> None:
     print("|---|---:|---:|---:|---:|---|")
     for name in ("stock", "optimized"):
         model, cache_class = kernel_set(name, target.eval())
-        with torch.no_grad():
-            cache = cache_class(config=model.config)
-            model(torch.randint(100, 20000, (1, args.context)), past_key_values=cache, use_cache=True)
-            for tokens in (1, 9):
-                ms, share = shares(model, cache, tokens)
-                top = max(share, key=share.get)
-                print(f"| {name} | {tokens} | {ms:.1f} | {100 * share.get('aten::copy_', 0):.1f}% | "
-                      f"{100 * share.get('aten::cat', 0):.1f}% | {top} {100 * share[top]:.0f}% |")
+        bench = Bench(name, model, args.context, model.config.vocab_size, cache_class)
+        for tokens in (1, 9):
+            ms, share = shares(bench, tokens)
+            top = max(share, key=share.get)
+            print(f"| {name} | {tokens} | {ms:.1f} | {100 * share.get('aten::copy_', 0):.1f}% | "
+                  f"{100 * share.get('aten::cat', 0):.1f}% | {top} {100 * share[top]:.0f}% |")
 
 
 if __name__ == "__main__":
