@@ -12,7 +12,6 @@ to add a sequence per token.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import random
 import statistics
@@ -20,22 +19,21 @@ import time
 from pathlib import Path
 
 from domino_hf.modeling.suffix_domino import SuffixCache
+from domino_hf.training.dataset import RegenDataset
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def read_sequences(limit_tokens: int) -> list[list[int]]:
+    """Prompt + response ids of the committed training data, read as `domino train` reads it, up to about
+    `limit_tokens` tokens."""
+    paths = sorted(str(p) for p in (ROOT / "data" / "regen").glob("**/*.jsonl.gz"))
     sequences, total = [], 0
-    for path in sorted((ROOT / "data" / "regen").glob("**/*.jsonl.gz")):
-        with gzip.open(path, "rt") as fh:
-            for line in fh:
-                row = json.loads(line)
-                seq = list(row.get("prompt_ids") or []) + list(row.get("response_ids") or [])
-                if len(seq) > 8:
-                    sequences.append(seq)
-                    total += len(seq) + 1
-                if total >= limit_tokens:
-                    return sequences
+    for example in RegenDataset.from_jsonl(paths, max_length=1 << 20).examples:
+        sequences.append(example.prompt_ids + example.response_ids)
+        total += len(sequences[-1]) + 1
+        if total >= limit_tokens:
+            break
     return sequences
 
 
