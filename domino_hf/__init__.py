@@ -22,6 +22,7 @@ _EXPORTS = {
     "DominoCandidateGenerator": "modeling",
     "DominoContextCache": "modeling",
     "DominoTargetHead": "modeling",
+    "SuffixCache": "modeling",
     "install_generate_hook": "modeling",
     "uninstall_generate_hook": "modeling",
     "optimize_for_cpu": "cpu_kernels",

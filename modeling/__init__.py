@@ -5,6 +5,7 @@ from .configuration_domino import DominoConfig, DominoConfigError, DraftingSetti
 from .dispatch_domino import install_generate_hook, profile_drafting, uninstall_generate_hook
 from .generation_domino import DominoCandidateGenerator, DominoContextCache, DominoGenerationStats
 from .modeling_domino import REMOTE_CODE_FILES, DominoDraftModel
+from .suffix_domino import SuffixCache, SuffixMatch
 from .target_domino import DominoTargetHead
 
 # With domino_hf.modeling imported (any `from domino_hf import …` does it), Domino folders also load through the
@@ -25,4 +26,6 @@ __all__ = [
     "install_generate_hook",
     "uninstall_generate_hook",
     "REMOTE_CODE_FILES",
+    "SuffixCache",
+    "SuffixMatch",
 ]

@@ -334,6 +334,18 @@ class DraftingSettings:
             choices may differ between runs.
         cut_lookup_spans (`bool`, defaults to `False`): send only the prefix of a context-lookup span with the most
             expected tokens per unit of verify cost (`SourceChooser.span_length`) instead of the whole span.
+        use_suffix_cache (`bool`, defaults to `True`): also draft from a store of earlier generations (a
+            `SuffixCache`: the prompts and outputs of earlier `generate` calls with this draft, and any documents
+            added to it): the continuation most often seen after the longest match of the sequence's last tokens,
+            sent when it is expected to beat the block and the context span. The store is the draft's own
+            (`draft.suffix_cache`) unless the call passes one (`generate(..., suffix_cache=store)`); the call's
+            prompt and output are added when it returns. `False` = drafting as without a cache, and nothing added.
+        suffix_cache_max_span (`int`, defaults to 24): the longest span taken from the suffix cache; the span
+            sent is the prefix with the most expected tokens per unit of verify cost under the history of cache
+            spans with a match as long.
+        suffix_cache_size (`int`, defaults to 1,000,000): capacity in tokens of the draft's own suffix cache
+            (about 29 bytes a token, allocated when first used), the oldest tokens evicted first; read when that
+            cache is created.
 
     A bad value raises a [`DominoConfigError`] naming the setting and its allowed range.
     """
@@ -346,6 +358,9 @@ class DraftingSettings:
     draft_backoff: bool = True
     measure_verify_cost: bool = False
     cut_lookup_spans: bool = False
+    use_suffix_cache: bool = True
+    suffix_cache_max_span: int = 24
+    suffix_cache_size: int = 1_000_000
 
     def __post_init__(self):
         for item in fields(self):
@@ -365,6 +380,9 @@ _DRAFTING_RULES = {
     "draft_backoff": _BOOL,
     "measure_verify_cost": _BOOL,
     "cut_lookup_spans": _BOOL,
+    "use_suffix_cache": _BOOL,
+    "suffix_cache_max_span": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+    "suffix_cache_size": (lambda v: _is_int(v) and v >= 64, "an integer >= 64 (tokens)"),
 }
 # The settings a draft may carry as its own defaults (its generation_config.json); the schedule is per call only.
 DRAFTING_FIELDS = tuple(item.name for item in fields(DraftingSettings) if item.name != "num_assistant_tokens_schedule")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +26,13 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DRAFTING_FIELDS, DominoConfig, _check_field, draft_level_settings
 from .dispatch_domino import check_transformers_version, install_generate_hook_if_supported
+from .suffix_domino import SuffixCache
 
 logger = logging.getLogger(__name__)
+
+# Each draft's own suffix cache, outside the module's state: a copy of a draft (`copy.deepcopy`) starts with an
+# empty cache of its own, and the cache is never saved with the weights.
+_DRAFT_SUFFIX_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 # Copied beside every saved checkpoint, so it loads with `trust_remote_code=True` and nothing else installed.
 REMOTE_CODE_FILES = (
@@ -36,6 +42,7 @@ REMOTE_CODE_FILES = (
     "hybrid_domino.py",
     "generation_domino.py",
     "dispatch_domino.py",
+    "suffix_domino.py",
 )
 
 
@@ -173,6 +180,11 @@ class DominoDraftModel(DominoPreTrainedModel):
         last_generation_stats ([`DominoGenerationStats`] or `None`): what the last `generate` call with this draft
             did, step by step (tokens proposed and accepted, where each proposal came from). The dispatch sets it
             when it builds the call's generator (`make_candidate_generator`); `None` before any call.
+        suffix_cache ([`SuffixCache`]): the draft's own store of earlier generations, read by every `generate`
+            call with this draft that uses a suffix cache (`use_suffix_cache`, on by default) and passes none of
+            its own; created on first use with `suffix_cache_size` tokens of capacity, never saved with the
+            weights, not shared by a copy of the draft. Assign a `SuffixCache` (e.g. `SuffixCache.load(path)`)
+            to replace it, `draft.suffix_cache.clear()` to empty it.
     """
 
     def __init__(self, config: DominoConfig):
@@ -198,6 +210,20 @@ class DominoDraftModel(DominoPreTrainedModel):
         self.generation_config = GenerationConfig()
         self.last_generation_stats = None
         self.post_init()
+
+    @property
+    def suffix_cache(self) -> SuffixCache:
+        cache = _DRAFT_SUFFIX_CACHES.get(self)
+        if cache is None:
+            size = draft_level_settings(self.generation_config, self.config)["suffix_cache_size"]
+            cache = _DRAFT_SUFFIX_CACHES[self] = SuffixCache(max_tokens=size)
+        return cache
+
+    @suffix_cache.setter
+    def suffix_cache(self, cache: SuffixCache) -> None:
+        if not all(hasattr(cache, name) for name in ("add", "lookup", "max_match")):  # either copy's SuffixCache
+            raise TypeError(f"draft.suffix_cache takes a SuffixCache, got {type(cache).__name__}.")
+        _DRAFT_SUFFIX_CACHES[self] = cache
 
     # ----------------------------------------------------------------------------------------- backbone
     @property

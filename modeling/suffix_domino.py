@@ -108,6 +108,13 @@ class SuffixCache:
     def __len__(self) -> int:
         return self.num_tokens
 
+    def __deepcopy__(self, memo) -> SuffixCache:
+        # A store is shared, never copied: `generate` deep-copies its GenerationConfig, which may hold one.
+        return self
+
+    def __copy__(self) -> SuffixCache:
+        return self
+
     def __repr__(self) -> str:
         return (f"SuffixCache(num_tokens={self.num_tokens}, max_tokens={self.max_tokens}, "
                 f"ngram_levels={self.ngram_levels}, nbytes={self.nbytes})")

@@ -115,7 +115,11 @@ def make_tiny_draft(target, seed: int = 0, **overrides):
     fields = dict(block_size=4, gru_hidden_dim=32, correction_rank=16)
     fields.update(overrides)
     torch.manual_seed(seed)
-    return DominoDraftModel.from_target(target, **fields).eval()
+    draft = DominoDraftModel.from_target(target, **fields).eval()
+    # Tests run the same prompts many times with one draft: the suffix cache (tests/test_suffix_drafting.py) would
+    # answer them from earlier calls, so it is off unless a test turns it on.
+    draft.generation_config.use_suffix_cache = False
+    return draft
 
 
 def tiny_prompts(count: int = 6, vocab_size: int = 16, length: int = 6, seed: int = 1):

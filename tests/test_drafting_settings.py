@@ -32,7 +32,16 @@ NON_DEFAULT = {
     "draft_backoff": False,
     "measure_verify_cost": True,
     "cut_lookup_spans": True,
+    "use_suffix_cache": False,
+    "suffix_cache_max_span": 8,
+    "suffix_cache_size": 5000,
 }
+
+
+def shipped(draft):
+    """`draft` with the shipped drafting defaults (the test drafts of conftest turn the suffix cache off)."""
+    vars(draft.generation_config).pop("use_suffix_cache", None)
+    return draft
 
 
 def test_every_setting_has_a_non_default_case():
@@ -69,7 +78,7 @@ def _layouts(tmp_path, draft, settings):
                          ids=[*NON_DEFAULT, "all"])
 def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clock, caplog, settings):
     target, draft, prompts = fitted_pair("llama")
-    new, old = _layouts(tmp_path, draft, settings)
+    new, old = _layouts(tmp_path, shipped(draft), settings)
     assert not set(DRAFTING_FIELDS) & set(json.loads((new / "config.json").read_text()))
     with caplog.at_level(logging.DEBUG, logger="domino_hf"):
         drafts = {name: DominoDraftModel.from_pretrained(path).eval() for name, path in (("new", new), ("old", old))}
@@ -106,7 +115,7 @@ def test_a_setting_changes_what_is_proposed(fitted_pair):
 
 def test_precedence_call_then_draft_then_config_then_defaults():
     target = make_tiny_target("llama")
-    draft = make_tiny_draft(target)
+    draft = shipped(make_tiny_draft(target))
     assert resolve_drafting_settings(draft, GenerationConfig()) == DraftingSettings()
     vars(draft.config).update(context_lookup_tokens=5, draft_backoff=False)  # keys an older config.json carried
     draft.generation_config.context_lookup_tokens = 7
@@ -163,7 +172,7 @@ def test_new_folders_keep_the_architecture_apart(tmp_path):
     still carries (a draft built from an older config file) move there on save, and the draft in memory is
     unchanged."""
     target = make_tiny_target("llama")
-    draft = make_tiny_draft(target, context_lookup_tokens=4)  # `from_target` puts it in the generation config
+    draft = shipped(make_tiny_draft(target, context_lookup_tokens=4))  # `from_target` puts it in the generation config
     assert "context_lookup_tokens" not in vars(draft.config) and draft.generation_config.context_lookup_tokens == 4
     vars(draft.config)["measure_verify_cost"] = True
     draft.save_pretrained(tmp_path)

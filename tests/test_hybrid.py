@@ -8,7 +8,7 @@ import torch
 from conftest import (
     domino_drafted, greedy_both, make_tiny_draft, make_tiny_target, never_right_draft, tiny_prompts,
 )
-from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, peaked_draft, sample
+from test_sampling import PROMPT, chi_square_pvalue, exact_distribution, make_sampling_target, peaked_draft, sample
 from transformers import LogitsProcessorList
 
 from domino_hf import DominoCandidateGenerator
@@ -175,10 +175,8 @@ def test_beam_search_and_speculation_type_are_refused(fitted_pair):
 # ------------------------------------------------------------------------------------------------ sampling
 @pytest.fixture(scope="module")
 def target():
-    return make_tiny_target(
-        "llama", vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=8, initializer_range=0.5,
-    )
+    """The sampling tests' target (test_sampling.py): its exact distribution is computable."""
+    return make_sampling_target()
 
 
 def always_lookup(monkeypatch):
@@ -234,7 +232,7 @@ def test_wrong_lookup_q_is_caught(target, monkeypatch):
 def _step(source, proposed, predicted=None, span=None):
     from domino_hf.modeling.hybrid_domino import _Step
 
-    return _Step(proposed, source, predicted, None, source == "domino", span)
+    return _Step(proposed, source, predicted, None, source == "domino", () if span is None else (span,))
 
 
 def _span(tokens, ngram=1):

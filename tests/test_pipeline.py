@@ -45,3 +45,16 @@ def test_assistant_per_call(setup):
     draft.last_generation_stats = None
     assert pipe(PROMPT, assistant_model=draft, **GREEDY) == reference
     assert_drafted(draft.last_generation_stats)
+
+
+def test_suffix_cache_keywords_reach_generate(setup):
+    """`use_suffix_cache` and a per-call `suffix_cache` pass through the pipeline to the draft's generator."""
+    from domino_hf import SuffixCache
+
+    target, tokenizer, draft, reference = setup
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer)
+    store = SuffixCache(max_tokens=1000)
+    for _ in range(2):
+        assert pipe(PROMPT, assistant_model=draft, use_suffix_cache=True, suffix_cache=store, **GREEDY) == reference
+    assert store.num_sequences_added == 2 and "cache" in draft.last_generation_stats.sources
+

@@ -34,8 +34,8 @@ NEW_TOKENS = 4  # prefill gives token 1; drafting steps then propose up to 2 tok
 P_MIN = 1e-3  # a correct sampler passes with this seed; a wrong q gives p-values far below it
 
 
-@pytest.fixture(scope="module")
-def target():
+def make_sampling_target():
+    """A one-layer target over `VOCAB` tokens: small enough to compute its exact distribution."""
     return make_tiny_target(
         "llama",
         vocab_size=VOCAB,
@@ -47,6 +47,11 @@ def target():
         head_dim=8,
         initializer_range=0.5,
     )
+
+
+@pytest.fixture(scope="module")
+def target():
+    return make_sampling_target()
 
 
 def peaked_draft(target, **overrides):

@@ -2,7 +2,7 @@
 """The `generate(assistant_model=domino_draft)` dispatch: routes a Domino draft to its candidate generator.
 
 Remote-code file (torch + transformers only). transformers has no public plug-in point for a third-party
-candidate generator, so three private `GenerationMixin` methods are wrapped, for the tested releases only
+candidate generator, so four private `GenerationMixin` methods are wrapped, for the tested releases only
 (`MIN_TRANSFORMERS` ≤ version < `MAX_TRANSFORMERS`); every other assistant and generation mode reaches the
 stock methods untouched. `uninstall_generate_hook()` restores them.
 
@@ -21,6 +21,7 @@ import contextvars
 import importlib
 import logging
 
+import torch
 import transformers
 
 from .configuration_domino import DRAFTING_FIELDS, DraftingSettings, draft_level_settings
@@ -37,6 +38,10 @@ _ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attent
 
 _STOPPING_CRITERIA = contextvars.ContextVar("domino_stopping_criteria", default=None)
 _PROFILE = contextvars.ContextVar("domino_profile_phases", default=False)
+_GENERATORS = contextvars.ContextVar("domino_candidate_generators", default=None)  # built in this decoding call
+# Per-call `generate` keywords for the Domino generator: transformers would refuse them as unused model kwargs,
+# so the dispatch moves them onto the call's GenerationConfig (`_prepare_generation_config`).
+CALL_KWARGS = (*DRAFTING_FIELDS, "suffix_cache")
 
 
 def is_domino_draft(model) -> bool:
@@ -122,19 +127,36 @@ def make_candidate_generator(draft, target, generation_config, logits_processor,
     (`resolve_drafting_settings`) and a fresh `DominoGenerationStats`, which becomes `draft.last_generation_stats`
     (this is the one place that sets it)."""
     stats = DominoGenerationStats()
+    settings = resolve_drafting_settings(draft, generation_config)
     generator = DominoCandidateGenerator(
         draft=draft,
         target=target,
         generation_config=generation_config,
         logits_processor=logits_processor,
         input_ids=input_ids,
-        settings=resolve_drafting_settings(draft, generation_config),
+        settings=settings,
         stopping_criteria=stopping_criteria,
         stats=stats,
         profile_phases=_PROFILE.get(),
+        suffix_cache=resolve_suffix_cache(draft, generation_config, settings),
     )
     draft.last_generation_stats = stats
     return generator
+
+
+def resolve_suffix_cache(draft, generation_config, settings):
+    """The suffix cache of one call: none with `use_suffix_cache=False`, else the call's own
+    (`generate(..., suffix_cache=store)`), else the draft's (`draft.suffix_cache`)."""
+    if not settings.use_suffix_cache:
+        return None
+    cache = vars(generation_config).get("suffix_cache")
+    if cache is None:
+        return getattr(draft, "suffix_cache", None)
+    if not all(hasattr(cache, name) for name in ("add", "lookup", "max_match")):
+        raise TypeError(
+            f"suffix_cache must be a SuffixCache (`from domino_hf import SuffixCache`), got {type(cache).__name__}."
+        )
+    return cache
 
 
 def _candidate_generator(draft, **arguments):
@@ -242,7 +264,7 @@ def _validate_domino_request(target, draft, generation_config) -> None:
     check_draft_fits_target(draft.config, target)
 
 
-_PATCHED = ("_validate_generation_mode", "_get_candidate_generator", "_assisted_decoding")
+_PATCHED = ("_prepare_generation_config", "_validate_generation_mode", "_get_candidate_generator", "_assisted_decoding")
 _ORIGINALS_ATTR = "_domino_original_methods"
 
 
@@ -277,7 +299,7 @@ def install_generate_hook_if_supported() -> bool:
 def install_generate_hook() -> None:
     """Route `generate(assistant_model=<Domino draft>)` to the draft's candidate generator.
 
-    Footprint: three private `GenerationMixin` methods are wrapped (`_PATCHED`); each wrapper checks whether
+    Footprint: four private `GenerationMixin` methods are wrapped (`_PATCHED`); each wrapper checks whether
     the assistant is a Domino draft and otherwise calls the stock method untouched. One INFO log line is
     written at install; `uninstall_generate_hook()` restores the stock methods. Idempotent: the remote-code
     copy and the domino_hf copy of this module may both call it; the first one wins, and it builds the
@@ -295,8 +317,26 @@ def install_generate_hook() -> None:
     originals = {name: getattr(GenerationMixin, name) for name in _PATCHED}
     assisted_signature = inspect.signature(originals["_assisted_decoding"])
 
+    def _prepare_generation_config(self, generation_config, *args, **kwargs):
+        # `generate(..., use_suffix_cache=False)` and the other drafting settings: onto the call's (copied)
+        # config, where the generator reads them, instead of transformers' unused-model-kwargs error.
+        passed = {name: kwargs.pop(name) for name in CALL_KWARGS if name in kwargs}
+        result = originals["_prepare_generation_config"](self, generation_config, *args, **kwargs)
+        if passed:
+            config = result[0]
+            for name, value in passed.items():
+                setattr(config, name, value)
+            config._domino_call_kwargs = tuple(passed)  # checked (and removed) by _validate_generation_mode
+        return result
+
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs):
         assistant = generation_mode_kwargs.get("assistant_model")
+        passed = vars(generation_config).pop("_domino_call_kwargs", ())
+        if passed and not is_domino_draft(assistant):
+            raise ValueError(
+                f"{', '.join(passed)}: Domino drafting setting(s), used only with a Domino draft as "
+                "`assistant_model`. Pass one (`assistant_model=draft`) or drop them."
+            )
         if is_domino_draft(assistant):
             _validate_domino_request(self, assistant, generation_config)
         elif (assistant is not None and generation_config.speculation_type is None
@@ -315,7 +355,7 @@ def install_generate_hook() -> None:
         bound = inspect.signature(originals["_get_candidate_generator"]).bind(self, *args, **kwargs).arguments
         assistant = bound.get("assistant_model")
         if is_domino_draft(assistant):
-            return _candidate_generator(
+            generator = _candidate_generator(
                 assistant,
                 target=self,
                 generation_config=bound["generation_config"],
@@ -323,6 +363,10 @@ def install_generate_hook() -> None:
                 input_ids=bound["input_ids"],
                 stopping_criteria=_STOPPING_CRITERIA.get(),
             )
+            built = _GENERATORS.get()
+            if built is not None:
+                built.append(generator)
+            return generator
         return originals["_get_candidate_generator"](self, *args, **kwargs)
 
     def _assisted_decoding(self, *args, **kwargs):
@@ -332,12 +376,21 @@ def install_generate_hook() -> None:
         if is_domino_draft(bound.get("assistant_model")):
             check_cache_supported(user_cache(bound.get("model_kwargs") or kwargs))
         token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))
+        built = []
+        generators = _GENERATORS.set(built)
         try:
-            return originals["_assisted_decoding"](self, *args, **kwargs)
+            output = originals["_assisted_decoding"](self, *args, **kwargs)
         finally:
             _STOPPING_CRITERIA.reset(token)
+            _GENERATORS.reset(generators)
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        for generator in built:  # the call returned: its prompt and output go into its suffix cache
+            if hasattr(generator, "remember"):
+                generator.remember(sequences)
+        return output
 
-    for name, wrapper in zip(_PATCHED, (_validate_generation_mode, _get_candidate_generator, _assisted_decoding)):
+    wrappers = (_prepare_generation_config, _validate_generation_mode, _get_candidate_generator, _assisted_decoding)
+    for name, wrapper in zip(_PATCHED, wrappers):
         wrapper.__wrapped__ = originals[name]
         setattr(GenerationMixin, name, wrapper)
     setattr(GenerationMixin, _ORIGINALS_ATTR, originals)

@@ -28,6 +28,7 @@ from .hybrid_domino import (
     DraftBackoff,
     SourceChooser,
     Span,
+    SuffixLookup,
     VerifyCost,
     _Step,
     expected_accepted,
@@ -85,7 +86,8 @@ class DominoGenerationStats:
         drafted (`list[int]`): tokens proposed at each step.
         accepted (`list[int]`): of those, tokens the target accepted (the bonus token not counted).
         sources (`list[str]`): where each proposal came from: `domino` (the draft's block), `lookup` (a span
-            copied from the context) or `none` (a plain target step).
+            copied from the context), `cache` (a span from the suffix cache of earlier generations) or `none` (a
+            plain target step).
         draft_runs (`list[bool]`): whether the draft's forward ran at each step (a span can go out without it).
         timings (`dict[str, float]`): seconds per drafting phase, filled only when profiling (`profile_drafting`).
     """
@@ -113,7 +115,7 @@ class DominoGenerationStats:
         return acceptance_length(self.accepted) or 0.0
 
     def source_counts(self) -> dict[str, int]:
-        return {source: self.sources.count(source) for source in ("domino", "lookup", "none")}
+        return {source: self.sources.count(source) for source in ("domino", "lookup", "cache", "none")}
 
     def __repr__(self):
         return (
@@ -136,12 +138,15 @@ def _probe_copy(criterion):
 class DominoCandidateGenerator(CandidateGenerator):
     """Proposes candidates for transformers' assisted decoding (batch size 1), one verify step at a time.
 
-    Each step it has two proposals: the Domino block and, when the sequence's last n-gram occurred before, the
-    span that followed its most recent occurrence (`ContextLookup`). It keeps the one with more expected accepted tokens
-    under the draft's own probabilities, calibrated by past acceptance (`SourceChooser`), all computed before
-    any token is drawn (a choice that looked at a drawn token would bias speculative sampling). A lookup span
-    is deterministic given the context, so its q is one-hot. When the draft's blocks keep being rejected it
-    backs off to plain steps (`DraftBackoff`).
+    Each step it has up to three proposals: the Domino block; when the sequence's last n-gram occurred before, the
+    span that followed its most recent occurrence (`ContextLookup`); and, with a suffix cache, the continuation
+    earlier generations most often had after the longest match of the sequence's last tokens (`SuffixLookup`).
+    It keeps the one with more expected accepted tokens per unit of cost under the draft's own probabilities and
+    the spans' history, calibrated by past acceptance (`SourceChooser`), all computed before any token is drawn
+    (a choice that looked at a drawn token would bias speculative sampling); when a span is expected to win
+    anyway, the draft does not run. A span is deterministic given the context and the cache, so its q is
+    one-hot. When the draft's blocks keep being rejected it backs off to plain steps (`DraftBackoff`). The
+    cache is only read while the call runs; `remember` adds the call's prompt and output when it returns.
 
     The dispatch (`make_candidate_generator` in `dispatch_domino.py`) builds it for each `generate` call.
 
@@ -153,6 +158,8 @@ class DominoCandidateGenerator(CandidateGenerator):
             logits too (sampling, and the draft's q in speculative sampling).
         input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt; batch size 1 only.
         settings ([`DraftingSettings`]): the drafting policy of this call, resolved by the dispatch.
+        suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations this call reads and then
+            adds to (`remember`); None drafts without one (`use_suffix_cache=False`).
         stopping_criteria (`StoppingCriteriaList`, *optional*): the call's criteria; those transformers does not
             check inside an accepted block (stop strings, user criteria) cut proposals here.
         stats ([`DominoGenerationStats`], *optional*): where the steps are recorded (a fresh one when omitted);
@@ -164,7 +171,7 @@ class DominoCandidateGenerator(CandidateGenerator):
     requires_model_outputs = True
 
     def __init__(self, draft, target, generation_config, logits_processor, input_ids, settings,
-                 stopping_criteria=None, stats=None, profile_phases=False):
+                 stopping_criteria=None, stats=None, profile_phases=False, suffix_cache=None):
         if input_ids.shape[0] != 1:
             raise ValueError(
                 f"Domino speculative decoding supports batch size 1, got {input_ids.shape[0]} sequences. "
@@ -205,12 +212,24 @@ class DominoCandidateGenerator(CandidateGenerator):
                 logits_processor=self.logits_processor,
                 vocab_size=self.head.vocab_size,
             )
+        self.suffix_cache = suffix_cache
+        self.suffix_lookup = None
+        if suffix_cache is not None:
+            self.suffix_lookup = SuffixLookup(
+                suffix_cache,
+                settings.suffix_cache_max_span,
+                eos_token_id=generation_config.eos_token_id,
+                logits_processor=self.logits_processor,
+                vocab_size=self.head.vocab_size,
+            )
         cost = VerifyCost.for_device(target.device, measure=settings.measure_verify_cost)
         proposed = self.config.num_draft_tokens + 1
         self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings.draft_backoff else None
-        self.chooser = SourceChooser(max(settings.context_lookup_tokens, 1), cost, cut_spans=settings.cut_lookup_spans)
+        max_span = max(settings.context_lookup_tokens, settings.suffix_cache_max_span if suffix_cache else 0, 1)
+        self.chooser = SourceChooser(max_span, cost, cut_spans=settings.cut_lookup_spans)
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
-        self._span: Span | None = None  # the span lookup found at the step being proposed
+        self._span: Span | None = None  # the best span found at the step being proposed
+        self._spans: tuple[Span, ...] = ()  # every span found at that step, the best first
         # Plain greedy drafting: the greedy scoring rollout already is the block to propose.
         self.scoring_is_the_proposal = not (
             self.do_sample or self.return_logits or self.threshold > 0 or self.extra_stopping or self.logits_processor
@@ -224,7 +243,8 @@ class DominoCandidateGenerator(CandidateGenerator):
     def num_drafting_tokens(self) -> int:
         """The longest verify forward a step can ask for (anchor + proposal); transformers ≥ 5.25 reads it to
         size what its cache records for a roll-back."""
-        return 1 + max(self.config.num_draft_tokens, self.lookup.max_tokens if self.lookup is not None else 0)
+        spans = [source.max_tokens for source in (self.lookup, self.suffix_lookup) if source is not None]
+        return 1 + max([self.config.num_draft_tokens, *spans])
 
     @torch.no_grad()
     def get_candidates(self, input_ids, model_kwargs=None, model_outputs=None, is_first_iteration=False, **kwargs):
@@ -232,19 +252,21 @@ class DominoCandidateGenerator(CandidateGenerator):
         if is_first_iteration:
             return input_ids, None
         cur_len = input_ids.shape[1]
-        self._span = None
+        self._span, self._spans = None, ()
         self._stash_context(model_outputs, cur_len)
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
-        span, ngram = self._lookup_span(input_ids, budget)  # (L,) target ids, L ≥ 0
-        self._span = Span(span.tolist(), ngram) if len(span) else None
+        self._spans = self._find_spans(input_ids, budget)  # best first
+        self._span = self._spans[0] if self._spans else None
+        span = input_ids.new_tensor(self._span.tokens) if self._span else input_ids.new_zeros(0)  # (L,) target ids
         if self._span and self.chooser.span_first(self._span):
             return self._propose_lookup(input_ids, span)
         if self.backoff is not None and not self.backoff.should_draft():
             return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
 
         n_draft = min(budget, self.config.num_draft_tokens)
+        started = time.perf_counter()
         clock = self._clock()
         slot_hidden = self._backbone(input_ids, model_kwargs, n_draft)
         clock("backbone")
@@ -258,15 +280,18 @@ class DominoCandidateGenerator(CandidateGenerator):
                 lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
                 scores["lookup"] = expected_accepted(lookup_probs, len(span))
             source = self.chooser.choose(scores["domino"], n_draft, scores["lookup"], self._span)
-            predicted = scores[source]
-            if source == "lookup":
+            predicted = scores["domino" if source == "domino" else "lookup"]
+            if source != "domino":
                 clock("head_rollout")
+                self.chooser.observe_draft(time.perf_counter() - started)
                 return self._propose_lookup(input_ids, span, predicted, shadow=greedy_ids[0])
         if greedy_ids is not None and self.scoring_is_the_proposal:
             clock("head_rollout")
+            self.chooser.observe_draft(time.perf_counter() - started)
             return self._propose(input_ids, greedy_ids, None, "domino", predicted)
         draft_ids, draft_logits, _ = self._rollout(slot_hidden, base_logits, input_ids)
         clock("head_rollout")
+        self.chooser.observe_draft(time.perf_counter() - started)
         return self._propose(input_ids, draft_ids, draft_logits, "domino", predicted)
 
     # ------------------------------------------------------------------------------------------- proposals
@@ -275,36 +300,48 @@ class DominoCandidateGenerator(CandidateGenerator):
         and hand it to transformers: candidate ids (1, cur_len + k), logits or None."""
         draft_ran = source == "domino" if draft_ran is None else draft_ran
         if draft_ids is None or draft_ids.shape[1] == 0:
-            self._step = _Step(0, "none", None, None, draft_ran, self._span)
+            self._step = _Step(0, "none", None, None, draft_ran, self._spans)
             self._proposed_at = time.perf_counter()
             return input_ids, None
-        self._step = _Step(draft_ids.shape[1], source, predicted, shadow, draft_ran, self._span)
+        self._step = _Step(draft_ids.shape[1], source, predicted, shadow, draft_ran, self._spans)
         candidates = torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1)
         self._proposed_at = time.perf_counter()
         return candidates, draft_logits
 
     def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
-        """The lookup span as candidates; when sampling, q is one-hot: the span is fixed given the context."""
+        """The step's best span (context or cache) as candidates; when sampling, q is one-hot: the span is fixed
+        given the context and the cache."""
         span = span[: self.chooser.span_length(self._span)]
         ids = span[None].to(input_ids.device)  # (1, L)
         logits = None
         if self.return_logits:
             logits = torch.full((1, len(span), self.head.vocab_size), float("-inf"), device=input_ids.device)
             logits.scatter_(2, ids[..., None], 0.0)
-        return self._propose(input_ids, ids, logits, "lookup", predicted, shadow, draft_ran=shadow is not None)
+        return self._propose(input_ids, ids, logits, self._span.source, predicted, shadow,
+                             draft_ran=shadow is not None)
 
-    def _lookup_span(self, input_ids, budget):
-        """The context-lookup span (S,) on prompt + generated text, cut at `budget` and at a stop criterion, and
-        the n-gram length of its match."""
-        if self.lookup is None:
-            return input_ids.new_zeros(0), 0
-        span, ngram = self.lookup(input_ids)
-        span = span[:budget]
+    def _find_spans(self, input_ids, budget) -> tuple[Span, ...]:
+        """The spans this step: the context lookup's and the suffix cache's, each cut at `budget` and at a stop
+        criterion; the better one by the span history first (`SourceChooser.better_span`)."""
+        spans = []
+        for name, source in (("lookup", self.lookup), ("cache", self.suffix_lookup)):
+            if source is None:
+                continue
+            tokens, match = source(input_ids)
+            tokens = self._cut_at_stop(input_ids, tokens[:budget])
+            if len(tokens):
+                spans.append(Span(tokens.tolist(), match, name))
+        best = self.chooser.better_span(*spans)
+        return tuple(sorted(spans, key=lambda span: span is not best))
+
+    def _cut_at_stop(self, input_ids, span):
+        """`span` (S,) up to a stop criterion: never propose past a stop, the target's own token must stop
+        generation."""
         if self.extra_stopping:
             for j in range(len(span)):
                 if self._stops(torch.cat([input_ids, span[None, : j + 1]], dim=1)):
-                    return span[:j], ngram  # never propose past a stop: the target's own token must stop generation
-        return span, ngram
+                    return span[:j]
+        return span
 
     def _stops(self, sequence) -> bool:
         """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires on
@@ -459,6 +496,11 @@ class DominoCandidateGenerator(CandidateGenerator):
             if int(torch.isfinite(full_logits).sum()) == int(torch.isfinite(sub_logits).sum()):
                 return ids[torch.multinomial(sub_logits.softmax(dim=-1), num_samples=1)]
         return torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
+
+    def remember(self, sequences) -> None:
+        """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any."""
+        if self.suffix_cache is not None:
+            self.suffix_cache.add(sequences[0].tolist())
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._step is None:

@@ -1,10 +1,12 @@
 # Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
 """Hybrid drafting policy: which proposal goes to the target each step (used by `generation_domino.py`).
 
-Remote-code file (torch + transformers only). Every step has up to two proposals: the Domino block and a span
-copied from the context (`ContextLookup`). `SourceChooser` sends the one expected to give more tokens per unit
-of verify cost, `DraftBackoff` stops running a draft that does not pay for itself. Everything here is decided
-from the context and from past verify steps, never from a token drawn for the step at hand, so speculative
+Remote-code file (torch + transformers only). Every step has up to three proposals: the Domino block, a span
+copied from the context (`ContextLookup`) and a span from earlier generations (`SuffixLookup` over a
+`SuffixCache`). `SourceChooser` sends the one expected to give more tokens per unit of verify cost, and sends a
+span without running the draft when the draft is not expected to beat it; `DraftBackoff` stops running a draft
+that does not pay for itself. Everything here is decided from the context, the cache's contents (fixed while a
+`generate` call runs) and past verify steps, never from a token drawn for the step at hand, so speculative
 sampling stays exact.
 """
 
@@ -19,24 +21,59 @@ import torch
 # `ContextLookup` on 500 of the target's own answers to ShareGPT prompts (SmolLM2-135M-Instruct, greedy; no
 # benchmark prompt): a 1-gram match is right 23% of the time, a 3-gram match 86%.
 SPAN_START_RATES = {1: (0.25, 0.6, 0.75), 2: (0.55, 0.7, 0.8), 3: (0.85, 0.95)}
+# The same for suffix-cache spans, by match length (2-3, 4-7, 8-15, 16+ tokens matched: `CACHE_BUCKETS`): priors
+# set between the context rates above (a longer match is a better predictor, and a majority of occurrences
+# agreeing makes a 2-token match better than a context 2-gram), not fitted; each `generate` call's history
+# replaces them within a few steps (`SpanModel`, alpha 0.2).
+CACHE_START_RATES = {2: (0.45, 0.65, 0.75), 4: (0.6, 0.75, 0.85), 8: (0.75, 0.85, 0.9), 16: (0.85, 0.92, 0.95)}
+CACHE_BUCKETS = (16, 8, 4, 2)
 
 
 class Span(NamedTuple):
-    """A context-lookup proposal: the tokens that followed the match, and the match's n-gram length."""
+    """A span proposal: the tokens that followed the match, the match's length in tokens and where it was found
+    (`"lookup"`: the context; `"cache"`: the suffix cache of earlier generations)."""
 
     tokens: list[int]
     ngram: int
+    source: str = "lookup"
+
+    @property
+    def bucket(self) -> tuple[str, int]:
+        """The `SourceChooser` history this span is judged by: its source and match-length class."""
+        if self.source == "cache":
+            return self.source, next(b for b in CACHE_BUCKETS if self.ngram >= b or b == CACHE_BUCKETS[-1])
+        return self.source, min(max(self.ngram, 1), max(SPAN_START_RATES))
 
 
 class _Step(NamedTuple):
     """A proposal awaiting verification."""
 
     proposed: int  # tokens sent to the target
-    source: str  # "domino", "lookup" or "none"
+    source: str  # "domino", "lookup", "cache" or "none"
     predicted: float | None  # the draft's expected accepted tokens for it, when scored
     shadow: torch.Tensor | None  # (k,) the draft's block, when a span beat it
     draft_ran: bool
-    span: Span | None  # the span lookup found this step (sent or not), scored after the verify
+    spans: tuple[Span, ...]  # the spans found this step (sent or not), each scored after the verify
+
+
+def allowed_prefix(input_ids, span, eos_token_id=None, logits_processor=None, vocab_size=None):
+    """`span` (S,) up to its first eos token (`eos_token_id`: a (E,) tensor or None) or the first token the logits
+    processors forbid after `input_ids` (1, L) and the span's tokens before it, as transformers' prompt lookup
+    cuts its spans."""
+    if eos_token_id is not None:
+        is_eos = torch.isin(span, eos_token_id.to(span.device)).nonzero()
+        if len(is_eos):
+            span = span[: int(is_eos[0, 0])]
+    if logits_processor and len(span):
+        # Processors that forbid tokens (bad words, no-repeat n-grams…) set their logits to -inf whatever
+        # the scores, so uniform scores show which tokens are allowed after each prefix.
+        uniform = torch.ones(1, vocab_size, device=input_ids.device)
+        for j in range(len(span)):
+            prefix = torch.cat([input_ids, span[None, :j].to(input_ids.device)], dim=1)
+            score = logits_processor(prefix, uniform.clone())[0, span[j]]
+            if score == float("-inf") or score == torch.finfo(score.dtype).min:
+                return span[:j]
+    return span
 
 
 class ContextLookup:
@@ -72,27 +109,36 @@ class ContextLookup:
             for start in reversed(starts[-self.max_tries :].tolist()):  # most recent first
                 period = length - (start + n)  # tokens from the match's continuation to the end
                 follows = start + n + torch.arange(self.max_tokens, device=sequence.device) % period
-                span = self._allowed(input_ids, sequence[follows])
+                span = allowed_prefix(input_ids, sequence[follows], self.eos_token_id, self.logits_processor,
+                                      self.vocab_size)
                 if len(span):
                     return span, n
         return sequence.new_zeros(0), 0
 
-    def _allowed(self, input_ids, span):
-        """`span` up to its first eos token or processor-forbidden token."""
-        if self.eos_token_id is not None:
-            is_eos = torch.isin(span, self.eos_token_id.to(span.device)).nonzero()
-            if len(is_eos):
-                span = span[: int(is_eos[0, 0])]
-        if self.logits_processor is not None and len(span):
-            # Processors that forbid tokens (bad words, no-repeat n-grams…) set their logits to -inf whatever
-            # the scores, so uniform scores show which tokens are allowed after each prefix.
-            uniform = torch.ones(1, self.vocab_size, device=input_ids.device)
-            for j in range(len(span)):
-                prefix = torch.cat([input_ids, span[None, :j]], dim=1)
-                score = self.logits_processor(prefix, uniform.clone())[0, span[j]]
-                if score == float("-inf") or score == torch.finfo(score.dtype).min:
-                    return span[:j]
-        return span
+
+
+class SuffixLookup:
+    """The cache proposal: the continuation a `SuffixCache` has seen most often after the longest match of the
+    sequence's last tokens among earlier generations (`SuffixCache.lookup`), at most `max_tokens` long, cut
+    before an eos token and before a token the logits processors forbid (`allowed_prefix`). The store is read
+    only while a `generate` call runs; the call's prompt and output are added when it returns."""
+
+    def __init__(self, cache, max_tokens: int, eos_token_id=None, logits_processor=None, vocab_size=None):
+        if max_tokens <= 0:
+            raise ValueError(f"Suffix-cache lookup needs max_tokens > 0, got {max_tokens}.")
+        self.cache, self.max_tokens = cache, max_tokens
+        self.eos_token_id = None if eos_token_id is None else torch.as_tensor(eos_token_id).reshape(-1)
+        self.logits_processor = logits_processor or None
+        self.vocab_size = vocab_size
+
+    def __call__(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """(1, L) ids -> the span (S,) (S = 0 when nothing matched) and the match length that found it."""
+        match = self.cache.lookup(input_ids[0, -self.cache.max_match :].tolist(), self.max_tokens)
+        if match is None:
+            return input_ids.new_zeros(0), 0
+        span = torch.tensor(match.tokens, dtype=input_ids.dtype, device=input_ids.device)
+        return allowed_prefix(input_ids, span, self.eos_token_id, self.logits_processor, self.vocab_size), \
+            match.match_length
 
 
 class DraftBackoff:
@@ -240,59 +286,116 @@ class SpanModel:
 
 
 class SourceChooser:
-    """Picks the Domino block or the lookup span, whichever is expected to give more tokens per unit of verify
-    cost (`VerifyCost`: a 10-token span costs a longer verify than a 4-token block).
+    """Picks the Domino block or a span (from the context or the suffix cache), whichever is expected to give
+    more tokens per unit of verify cost (`VerifyCost`: a 10-token span costs a longer verify than a 4-token block).
 
-    * Span: the expected accepted tokens of `SpanModel`, one per n-gram match length (a span found by a 3-gram
-      match is far more often right than one found by a single token), learnt from every past step that had a
-      span; when the draft ran, the larger of that and the draft's own expectation for the span (the draft may
-      know a span is right before the history does; the history knows spans the draft cannot predict, such as
-      names and numbers).
+    * Span: the expected accepted tokens of `SpanModel`, one per source and match length (a span found by a
+      3-gram match is far more often right than one found by a single token), learnt from every past step that
+      had such a span; when the draft ran, the larger of that and the draft's own expectation for the span (the
+      draft may know a span is right before the history does; the history knows spans the draft cannot predict,
+      such as names and numbers). Of a context span and a cache span the better one by that history competes
+      with the block (`better_span`).
     * Domino: the draft's expected accepted tokens for its greedy block, scaled by realised ÷ predicted
       accepted tokens of its past blocks in this `generate` call (`prior` pseudo-tokens each), since a draft's
       confidence is not its acceptance rate.
     * A span goes out without running the draft at all (`span_first`) while a copy is under way (the last step
-      was a span accepted in full), or when spans like it are expected to beat blocks by over a token. On
-      copy-heavy text this saves the draft's forward on most steps, which is what prompt lookup never pays.
-    * Blocks are also scored on steps where a span won (`shadow_accepted`), so a draft that loses every step to
-      spans learns that it does (`domino_average`, and the back-off) instead of running unseen on every step.
+      was a span accepted in full), when spans like it are expected to beat blocks by over a token, or when
+      running the draft has not paid on steps with spans like it: for every step the draft ran with a span
+      found, the tokens per unit of cost it got (the draft's own cost, `draft_cost` of a plain step, included)
+      minus what the span alone would have got (`shadow_accepted`), a moving average per source and match
+      length (`run_gain`). While that is negative the draft runs only on probes, 1, 2, 4 … (at most 16) such
+      steps apart. On copy-heavy or repeated text this saves the draft's forward on most steps, which is what
+      prompt lookup never pays.
+    * Blocks are also scored on steps where a span won after the draft ran (`shadow_accepted`), so a draft that
+      loses every step to spans learns that it does (`domino_average`, and the back-off).
 
-    Spans are always sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost τ).
+    Context spans are sent whole, as prompt lookup sends them (cutting them short saved verify cost but lost
+    τ), unless `cut_spans`; cache spans, which can be long, are cut to the prefix with the most expected tokens
+    per unit of cost (`span_length`), so their length grows with the match length and the acceptance seen.
+
+    Args:
+        max_span (`int`): the longest span any source proposes.
+        cost ([`VerifyCost`], *optional*): the verify-cost curve (a fixed CPU prior when omitted).
+        draft_cost (`float`, defaults to 0.15): the draft's forward (backbone, LM head, head rollout) as a
+            fraction of a plain target step; 0.1–0.15 for the SmolLM2 draft with `optimize_for_cpu`
+            (docs/bench/bench.md). With a measuring `cost`, replaced by the measured ratio (`observe_draft`).
+        cut_spans (`bool`, defaults to `False`): cut context spans too (`DraftingSettings.cut_lookup_spans`).
     """
 
     def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3,
-                 *, cut_spans: bool = False):
+                 *, draft_cost: float = 0.15, cut_spans: bool = False):
         self.cost = cost or VerifyCost()
-        self.spans = {n: SpanModel(max_span, start) for n, start in SPAN_START_RATES.items()}
+        self.spans = {("lookup", n): SpanModel(max_span, start) for n, start in SPAN_START_RATES.items()}
+        self.spans.update({("cache", n): SpanModel(max_span, start) for n, start in CACHE_START_RATES.items()})
         self.alpha = alpha
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
         self.cut_spans = cut_spans  # DraftingSettings.cut_lookup_spans
+        self.draft_cost = draft_cost
+        self._draft_seconds: float | None = None  # measured draft forward, moving average (with a measuring cost)
+        # Per span bucket: tokens per cost of running the draft minus the span alone's (moving average), and the
+        # probe schedule while it is negative ([interval, steps left before the next probe]).
+        self.run_gain: dict[tuple[str, int], float] = {bucket: 0.0 for bucket in self.spans}
+        self._probe = {bucket: [0, 0] for bucket in self.spans}
 
     def span_model(self, span: Span) -> SpanModel:
-        return self.spans[min(max(span.ngram, 1), max(self.spans))]
+        return self.spans[span.bucket]
+
+    def span_value(self, span: Span, lookup_score: float = 0.0) -> float:
+        """Expected tokens (accepted + bonus) per verify cost of sending `span` (cut to `span_length`)."""
+        length = self.span_length(span)
+        return (1.0 + max(lookup_score, self.span_model(span).expected(length))) / self.cost(length + 1)
+
+    def better_span(self, *spans: Span | None) -> Span | None:
+        """Of the spans found this step (None: nothing found), the one with the higher `span_value`; the first
+        on a tie."""
+        found = [span for span in spans if span is not None]
+        return max(found, key=self.span_value) if found else None
+
+    def relative_draft_cost(self) -> float:
+        """The draft's forward as a fraction of a plain target step: measured when the verify cost is, else
+        `draft_cost`."""
+        plain = self.cost.seconds(1) if self.cost.measure else None
+        if self._draft_seconds is None or not plain:
+            return self.draft_cost
+        return self._draft_seconds / plain
+
+    def observe_draft(self, seconds: float) -> None:
+        """One draft forward took `seconds` (kept only with a measuring verify cost)."""
+        if self.cost.measure and seconds > 0:
+            old = self._draft_seconds
+            self._draft_seconds = seconds if old is None else old + self.alpha * (seconds - old)
 
     def span_first(self, span: Span) -> bool:
-        """Send the span without drafting: a copy is under way, or spans beat blocks by over a token lately."""
-        return self.copying or self.span_model(span).expected(len(span.tokens)) > self.domino_average + 1.0
+        """Send the span without drafting: a copy is under way, spans like it beat blocks by over a token lately,
+        or running the draft has not paid on steps with spans like it (`run_gain`, probed now and then)."""
+        if self.copying or self.span_model(span).expected(len(span.tokens)) > self.domino_average + 1.0:
+            return True
+        if self.run_gain[span.bucket] >= 0.0:
+            return False
+        probe = self._probe[span.bucket]
+        if probe[1] > 0:
+            probe[1] -= 1
+            return True
+        probe[0] = min(max(1, 2 * probe[0]), 16)  # run the draft this step, then skip twice as many
+        probe[1] = probe[0]
+        return False
 
     def span_length(self, span: Span) -> int:
-        """How much of the span to send: all of it, or with `cut_spans` the prefix with the most expected tokens
-        (accepted + bonus) per unit of verify cost under the span history."""
+        """How much of the span to send: all of a context span (unless `cut_spans`), else the prefix with the
+        most expected tokens (accepted + bonus) per unit of verify cost under the span history."""
         length = len(span.tokens)
-        if not self.cut_spans or length <= 1 or self.copying:  # a copy under way goes out whole
-            return length
+        if (span.source == "lookup" and not self.cut_spans) or length <= 1 or self.copying:
+            return length  # a copy under way goes out whole
         spans = self.span_model(span)
         values = [(1.0 + spans.expected(n)) / self.cost(n + 1) for n in range(1, length + 1)]
         return 1 + values.index(max(values))  # the shortest of equally good prefixes
 
     def _values(self, domino_score: float, block: int, lookup_score: float, span: Span) -> tuple[float, float]:
         """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""
-        length = self.span_length(span)
         domino = (1.0 + domino_score * self.realised / self.predicted) / self.cost(block + 1)
-        lookup = (1.0 + max(lookup_score, self.span_model(span).expected(length))) / self.cost(length + 1)
-        return domino, lookup
+        return domino, self.span_value(span, lookup_score)
 
     def needs_lookup_score(self, domino_score: float, block: int, span: Span) -> bool:
         """Whether the draft's score of the span can change the choice (else its rollout is skipped)."""
@@ -300,21 +403,36 @@ class SourceChooser:
         return lookup <= domino < self._values(domino_score, block, float(len(span.tokens)), span)[1]
 
     def choose(self, domino_score: float, block: int, lookup_score: float, span: Span) -> str:
+        """`"domino"` or the span's source."""
         domino, lookup = self._values(domino_score, block, lookup_score, span)
-        return "lookup" if lookup > domino else "domino"
+        return span.source if lookup > domino else "domino"
 
     def update(self, step: _Step, accepted: int, shadow: int | None, verified: list[int]) -> None:
         """After a verify step: `shadow` is what the draft's block would have had accepted when a span beat it."""
-        self.copying = step.source == "lookup" and 0 < step.proposed == accepted
-        if step.span is not None:
-            self.span_model(step.span).observe(step.span.tokens, verified)
-        if step.source == "lookup" and shadow is not None:
+        is_span = step.source in ("lookup", "cache")
+        self.copying = is_span and 0 < step.proposed == accepted
+        for span in step.spans:
+            self.span_model(span).observe(span.tokens, verified)
+        if step.draft_ran and step.spans:
+            self._observe_run_gain(step, accepted, verified)
+        if is_span and shadow is not None:
             self.domino_average += self.alpha * (shadow - self.domino_average)
         elif step.source == "domino":
             self.domino_average += self.alpha * (accepted - self.domino_average)
             if step.predicted is not None:
                 self.predicted += step.predicted
                 self.realised += accepted
+
+    def _observe_run_gain(self, step: _Step, accepted: int, verified: list[int]) -> None:
+        """Tokens per cost the step got with the draft run, minus what its best span alone would have got."""
+        span = step.spans[0]
+        length = self.span_length(span)
+        alone = (1.0 + shadow_accepted(span.tokens[:length], verified)) / self.cost(length + 1)
+        ran = (1.0 + accepted) / (self.cost(step.proposed + 1) + self.relative_draft_cost())
+        bucket = span.bucket
+        self.run_gain[bucket] += self.alpha * ((ran - alone) - self.run_gain[bucket])
+        if self.run_gain[bucket] >= 0.0:
+            self._probe[bucket] = [0, 0]
 
 
 def shadow_accepted(proposal: list[int], verified: list[int]) -> int:
