@@ -17,7 +17,10 @@ from .prompt_records import MalformedRecord, PromptSet, collect_records, iter_js
 # Prompt sets shipped as package data (`domino_hf/prompt_sets/NAME.jsonl`, origins and licences in its README),
 # read by short name.
 PACKAGED_SETS = ("mt_bench", "alpaca", "sum", "qa", "copy_heavy", "translation", "rag_qa", "math_word",
-                 "long_qa", "long_sum", "long_chat")
+                 "long_qa", "long_sum", "long_chat", "repeated_eval", "refine_loop", "edit_loop")
+# The repeated workloads (`domino bench --suite repeated`): one few-shot preamble under many questions, and chats
+# whose later turns ask to refine or edit the previous answer.
+REPEATED_SETS = ("repeated_eval", "refine_loop", "edit_loop")
 BENCHMARK_SOURCES = ("humaneval", *PACKAGED_SETS)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 

@@ -286,7 +286,9 @@ def _parse(argv):
 
 def test_cli_help_and_defaults():
     args = _parse([])
-    assert args.target == "smollm2" and args.prompts == ["humaneval", "mt_bench"] and args.num_prompts == 10
+    request = bench_cli.bench_request(args)
+    assert args.target == "smollm2" and request.prompts == ["humaneval", "mt_bench"] and request.num_prompts == 10
+    assert request.suite is None and request.stem == "bench"
     assert args.max_new_tokens == 128 and args.temperature == 0.0 and args.out == "runs/bench"
     assert args.repeats == 1 and args.warmup == 1 and args.profile is None and args.threads is None
     assert _parse(["--no-profile"]).profile is False and _parse(["--profile"]).profile is True

@@ -12,7 +12,7 @@ import logging
 
 from ..cli_common import RawDescriptionHelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
 from ..dtypes import DTYPE_NAMES
-from .pipeline import BenchRequest, UsageError, run_bench
+from .pipeline import SUITES, BenchRequest, UsageError, run_bench
 from .report import markdown
 from .runner import AR, BenchConfig
 
@@ -29,14 +29,23 @@ All methods run in one process on the same loaded target, interleaved prompt by 
   domino_no_lookup  the Domino block alone (head on, `prompt_lookup_num_tokens=0`)
                   (both draft every step, `draft_backoff=False`: the draft's τ as the field measures it)
   domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context,
-                  paused where it does not pay (the draft's `draft_backoff`)
+                  paused where it does not pay (the draft's `draft_backoff`); without the cross-request store
+                  (`use_suffix_cache=False`, as every method but domino_cache)
+  domino_cache    `domino` that also drafts from a cross-request store of earlier prompts and outputs (its
+                  own `SuffixCache`, emptied after the warm-up); meant for --suite repeated
 
 Reported per method (and per prompt set): τ (tokens per target forward, bonus included), per-position
 acceptance, the acceptance-length histogram, decode speedup vs autoregressive (prefill excluded, medians
 over prompts × repeats), end-to-end tokens/s, and a token-by-token lossless check of greedy outputs.
 With --profile (the default on CPU), each verify step's time split into target verify, draft backbone,
 base LM head, head rollout and loop overhead.
-Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables."""
+Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables.
+
+--suite repeated measures workloads that repeat themselves, where `domino_cache` has something to find: an
+evaluation run (one few-shot preamble, 20 questions), refinement loops ("improve your answer") and edit loops
+(a function edited turn after turn). Every turn of a record runs, chained: its prompt holds the conversation so
+far with plain decoding's answers. Each workload starts with empty stores; the report adds the share of steps
+drafted from the store and its size and cost (lookup, add, per step). One-off prompts give the store nothing."""
 
 EPILOG = """\
 examples (D: a Domino draft folder or Hub id; in a domino-hf checkout drafts/smollm2-135m-instruct-domino):
@@ -46,9 +55,12 @@ examples (D: a Domino draft folder or Hub id; in a domino-hf checkout drafts/smo
   domino bench --draft me/smollm2-domino --methods autoregressive,domino
   domino bench --methods autoregressive,prompt_lookup --prompts my_prompts.jsonl --out runs/today
   domino bench --draft D --humaneval-pass1 --pass1-samples 5   # + HumanEval pass@1 at T>0 (slow)
+  domino bench --draft D --suite repeated             # repeated_eval, refine_loop, edit_loop, chained turns
+  domino bench --draft D --suite repeated --prompts refine_loop,mt_bench --temperature 0.7
 
-prompt sets: humaneval, mt_bench (first turn), alpaca, sum, qa, copy_heavy, translation, rag_qa, math_word,
-sharegpt, or a JSONL path."""
+prompt sets: humaneval, mt_bench (first turn; every turn with --suite repeated), alpaca, sum, qa, copy_heavy,
+translation, rag_qa, math_word, long_qa, long_sum, long_chat, repeated_eval, refine_loop, edit_loop, sharegpt,
+or a JSONL path."""
 
 
 def _csv(value: str) -> list[str]:
@@ -63,8 +75,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH_OR_REPO",
         default=None,
         help="Domino draft folder or Hub id, loaded with `AutoModel.from_pretrained(..., trust_remote_code=True)`; "
-        "needed by the dflash, domino_no_lookup and domino methods (the draft shipped with domino-hf's sources is "
-        "drafts/smollm2-135m-instruct-domino)",
+        "needed by the dflash, domino_no_lookup, domino and domino_cache methods (the draft shipped with "
+        "domino-hf's sources is drafts/smollm2-135m-instruct-domino)",
     )
     models.add_argument(
         "--confidence-threshold",
@@ -122,18 +134,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="LIST",
         type=_csv,
         default=None,
-        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino_no_lookup,domino "
-        "(default: all but assisted, + assisted with --assistant)",
+        help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino_no_lookup,domino,"
+        "domino_cache (default: all but assisted and domino_cache, + assisted with --assistant; with --suite "
+        "repeated: autoregressive,prompt_lookup,domino,domino_cache)",
+    )
+    run.add_argument(
+        "--suite",
+        choices=SUITES,
+        default=None,
+        help="repeated: run every turn of each record chained (each prompt holds the earlier turns and plain "
+        "decoding's answers), a store of its own per store-using method emptied before each workload, and report "
+        "the store's size and cost (default: each record's first turn, one independent call per prompt)",
     )
     run.add_argument(
         "--prompts",
         metavar="LIST",
         type=_csv,
-        default=["humaneval", "mt_bench"],
-        help="comma-separated prompt sets or JSONL paths (default: humaneval,mt_bench)",
+        default=None,
+        help="comma-separated prompt sets or JSONL paths (default: humaneval,mt_bench; with --suite repeated: "
+        "repeated_eval,refine_loop,edit_loop)",
     )
     # Defaults sized so that plain `domino bench` (SmolLM2-135M, 4 methods) finishes in minutes on 2 CPU cores.
-    run.add_argument("--num-prompts", metavar="N", type=int, default=10, help="prompts per set (default: %(default)s)")
+    run.add_argument("--num-prompts", metavar="N", type=int, default=None,
+                     help="prompts (records) per set (default: 10; with --suite repeated: all)")
     run.add_argument(
         "--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
     )
@@ -238,7 +261,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--name",
         metavar="STEM",
         default=None,
-        help="file stem (default: `bench`, or `bench_T<temperature>` when sampling)",
+        help="file stem (default: `bench`, `repeated` with --suite repeated, + `_T<temperature>` when sampling)",
     )
     out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     out.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -262,7 +285,7 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
         target=args.target, target_options=target_kwargs(args), draft=args.draft,
         confidence_threshold=args.confidence_threshold, max_draft_tokens=args.max_draft_tokens,
         assistant=args.assistant, dtype=args.dtype, draft_dtype=args.draft_dtype, target_kernels=args.target_kernels,
-        device=args.device, methods=args.methods, prompts=args.prompts, num_prompts=args.num_prompts,
+        device=args.device, methods=args.methods, prompts=args.prompts, num_prompts=args.num_prompts, suite=args.suite,
         system=args.system, chat_template=args.chat_template, threads=args.threads,
         config=BenchConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                            repeats=args.repeats, warmup=args.warmup, prompt_lookup_tokens=args.prompt_lookup_tokens,

@@ -1,5 +1,6 @@
 """What `domino bench` does, without its command line: check a `BenchRequest`, load the models it names, build
-its prompts, run the benchmark (`runner.run_benchmark`) and write the report (`report.write_report`).
+its prompts, run the benchmark (`runner.run_benchmark`, or with `suite="repeated"` the chained repeated-workload
+suite of `workloads.run_repeated`) and write the report (`report.write_report`).
 
 Everything the user fixes with an option is a `UsageError`, raised before any model loads where it can be.
 """
@@ -18,17 +19,24 @@ import torch
 from .. import targets
 from ..chat import chat_input_ids, check_chat_template
 from ..cpu_kernels import optimize_for_cpu
+from ..benchmark_sets import REPEATED_SETS
 from ..data import check_prompt_source, read_prompts
 from ..dtypes import dtype_name, resolve_draft_dtype, torch_dtype
 from ..modeling.configuration_domino import draft_level_settings
 from ..utils import git_tracked, looks_like_local_path
 from .humaneval import humaneval_pass1
 from .report import write_report
-from .runner import ALL_METHODS, BenchConfig, BenchPrompt, run_benchmark
+from .runner import ALL_METHODS, AR, DEFAULT_METHODS, BenchConfig, BenchPrompt, run_benchmark
+from .workloads import read_conversations, run_repeated
 
 logger = logging.getLogger(__name__)
 
-DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino")
+DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino", "domino_cache")
+SUITES = ("repeated",)
+DEFAULT_PROMPTS = ("humaneval", "mt_bench")
+DEFAULT_NUM_PROMPTS = 10
+# The suite's methods when none are named: the baselines and Domino without and with its cross-request store.
+REPEATED_METHODS = (AR, "prompt_lookup", "domino", "domino_cache")
 
 
 @dataclass
@@ -47,8 +55,9 @@ class BenchRequest:
     target_kernels: str = "auto"
     device: str = "cpu"
     methods: list[str] | None = None
-    prompts: list[str] = field(default_factory=lambda: ["humaneval", "mt_bench"])
-    num_prompts: int = 10
+    prompts: list[str] | None = None  # None: humaneval,mt_bench, or with `suite="repeated"` its three workloads
+    num_prompts: int | None = None  # None: 10 per set, or with a suite every record
+    suite: str | None = None  # "repeated": every turn chained, stores per method (`workloads.py`)
     system: str | None = None
     chat_template: str = "auto"
     threads: int | None = None
@@ -63,11 +72,19 @@ class BenchRequest:
     name: str | None = None
     plots: bool = True
 
+    def __post_init__(self):
+        if self.prompts is None:
+            self.prompts = list(REPEATED_SETS if self.suite else DEFAULT_PROMPTS)
+        if self.num_prompts is None and not self.suite:
+            self.num_prompts = DEFAULT_NUM_PROMPTS
+
     @property
     def stem(self) -> str:
-        """The report files' stem: `name`, else `bench`, or `bench_T<temperature>` when sampling."""
+        """The report files' stem: `name`, else `bench` (`repeated` for the suite), or `<that>_T<temperature>`
+        when sampling."""
         temperature = self.config.temperature
-        return self.name or ("bench" if temperature <= 0 else f"bench_T{temperature:g}")
+        base = "repeated" if self.suite else "bench"
+        return self.name or (base if temperature <= 0 else f"{base}_T{temperature:g}")
 
 
 class UsageError(Exception):
@@ -144,9 +161,12 @@ def build_prompts(tokenizer, sources: list[str], limit: int, system: str | None 
     return prompts
 
 
-def choose_methods(requested: list[str] | None, assistant: str | None) -> list[str]:
+def choose_methods(requested: list[str] | None, assistant: str | None, suite: str | None = None) -> list[str]:
+    """The methods to run: `requested` checked, else the default (the suite's own with `suite`)."""
     if requested is None:
-        return [m for m in ALL_METHODS if m != "assisted" or assistant]
+        if suite:
+            return list(REPEATED_METHODS)
+        return [m for m in ALL_METHODS if m in DEFAULT_METHODS or (m == "assisted" and assistant)]
     unknown = [m for m in requested if m not in ALL_METHODS]
     if unknown:
         raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS)}.")
@@ -189,7 +209,14 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     model loads; a problem there, or a model that cannot be loaded, is a `UsageError`."""
     dtype = torch_dtype(request.dtype)
     device = resolve_device(request.device)
-    methods = choose_methods(request.methods, request.assistant)
+    if request.suite is not None and request.suite not in SUITES:
+        raise UsageError(f"--suite {request.suite}: unknown; choose from {', '.join(SUITES)}.")
+    methods = choose_methods(request.methods, request.assistant, request.suite)
+    if "domino_cache" in methods and not request.suite and request.config.repeats > 1:
+        raise UsageError(
+            "--methods domino_cache with --repeats > 1 outside a suite: a repeat would find its own earlier answer in "
+            "the store. Use --repeats 1, or --suite repeated (each repeat reruns the suite with emptied stores)."
+        )
     needs_draft = any(m in DRAFT_METHODS for m in methods) or request.humaneval_pass1
     draft_name = resolve_draft(request.draft, methods) if needs_draft else None
     try:
@@ -226,7 +253,13 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
         for model in (target, draft, assistant):
             if model is not None:
                 optimize_for_cpu(model)
-    prompts = build_prompts(tokenizer, request.prompts, request.num_prompts, request.system, request.chat_template)
+    if request.suite:
+        conversations = read_conversations(request.prompts, request.num_prompts)
+        if not conversations:
+            raise UsageError(f"--prompts {','.join(request.prompts)}: no usable conversations.")
+    else:
+        prompts = build_prompts(tokenizer, request.prompts, request.num_prompts, request.system,
+                                request.chat_template)
     config = dataclasses.replace(
         request.config,
         methods=tuple(methods),
@@ -238,6 +271,7 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
             "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,
             "device": device,
             "sources": request.prompts,
+            "suite": request.suite,
             "system": request.system,
             "chat_template": request.chat_template,
             "threads": threads,
@@ -248,7 +282,11 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
             "max_draft_tokens": drafting.get("max_draft_tokens"),
         },
     )
-    result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+    if request.suite:
+        result = run_repeated(target, tokenizer, conversations, config, draft=draft, assistant=assistant,
+                              system=request.system, chat_template=request.chat_template)
+    else:
+        result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
     if request.humaneval_pass1:
         result["humaneval_pass1"] = humaneval_pass1(
             target,

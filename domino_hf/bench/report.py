@@ -13,6 +13,11 @@ JSON schema (top level):
   ratios: {draft_to_verify, head_rollout_to_draft, loop_overhead_to_step}, prefill_ms_median,
   target_prefill_ms_median}}; ms per verify step, pooled means (definitions: `stats.profile_method`).
 * `mismatches`: {method: [first greedy differences vs autoregressive]}.
+* `suffix_cache` (the repeated-workload suite, `workloads.py`, with a store-using method such as `domino_cache`):
+  `by_set`: {workload: {method: {num_tokens, nbytes, sequences, lookups, lookup_us_median,
+  add_us_median, add_us_per_token, per_step_us}}}, the store at the end of each workload and its measured cost;
+  `methods`: the same pooled over workloads (largest store, medians of the per-workload costs). The config then
+  has `suite`, `reference_method`, `warmup_prompt` and `conversations`; `prompt_sets` counts turns.
 * `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
 * `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings, and `phase_ms`
   when profiling).
@@ -47,15 +52,20 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _shares(shares: dict | None) -> str:
-    return "–" if not shares else f"{shares['lookup']:.0%} / {shares['none']:.0%}"
+def _shares(shares: dict | None, cache: bool = False) -> str:
+    if not shares:
+        return "–"
+    names = ("lookup", "cache", "none") if cache else ("lookup", "none")
+    return " / ".join(f"{shares.get(name, 0.0):.0%}" for name in names)
 
 
 def methods_table(methods: dict) -> str:
     vs_stock = any(m.get("speedup_vs_stock") is not None for m in methods.values())
     header = ["method", "τ", "speedup", *(["vs stock transformers"] if vs_stock else [])]
     sources = any(m.get("step_sources") for m in methods.values())
-    header += ["decode ms/token", "tokens/s (e2e)", *(["steps: lookup / plain"] if sources else []), "lossless"]
+    cache = any((m.get("step_sources") or {}).get("cache") for m in methods.values())
+    columns = "steps: lookup / cache / plain" if cache else "steps: lookup / plain"
+    header += ["decode ms/token", "tokens/s (e2e)", *([columns] if sources else []), "lossless"]
     rows = [
         [
             name,
@@ -64,7 +74,7 @@ def methods_table(methods: dict) -> str:
             *([_fmt(m.get("speedup_vs_stock"), "{:.2f}×")] if vs_stock else []),
             _fmt(m["decode_ms_per_token"], "{:.1f}"),
             _fmt(m["tokens_per_s"], "{:.1f}"),
-            *([_shares(m.get("step_sources"))] if sources else []),
+            *([_shares(m.get("step_sources"), cache)] if sources else []),
             _lossless(m["lossless"], name),
         ]
         for name, m in methods.items()
@@ -113,6 +123,30 @@ def profile_table(profile: dict) -> str:
     return _table(header, rows)
 
 
+def cache_table(suffix_cache: dict) -> str:
+    """One row per workload and store-using method, then the pooled row: size and measured cost of the store."""
+
+    def row(label: str, c: dict) -> list[str]:
+        return [label, f"{c['num_tokens']:,}", _fmt(c["nbytes"] / 2**20, "{:.1f}"),
+                _fmt(c["lookup_us_median"], "{:.0f}"), _fmt(c["add_us_median"], "{:.0f}"),
+                _fmt(c["add_us_per_token"], "{:.2f}"), _fmt(c["per_step_us"], "{:.0f}")]
+
+    rows = [row(f"{workload} · {name}", c) for workload, costs in suffix_cache["by_set"].items()
+            for name, c in costs.items()]
+    rows += [row(f"all (largest, medians) · {name}", c) for name, c in suffix_cache["methods"].items()]
+    header = ["workload · method", "stored tokens", "MiB", "lookup µs", "add µs",
+              "add µs/token", "µs per step"]
+    return _table(header, rows)
+
+
+CACHE_NOTE = (
+    "Each workload starts with empty stores. The store's memory is fixed when it is created; a lookup reads the last "
+    "64 tokens before points spread over each stored output and asks for 32 tokens (medians); an add is timed by "
+    "replaying the workload's sequences into an empty store; µs per step = one lookup + the call's add spread over "
+    "its steps."
+)
+
+
 def pass1_table(pass1: dict) -> str:
     rows = [
         [name, f"{r['pass1']:.3f}", f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]", str(r["num_samples"])]
@@ -159,8 +193,9 @@ def markdown(result: dict) -> str:
     config = result["config"]
     sets = ", ".join(f"{k} ({v})" for k, v in config["prompt_sets"].items())
     mode = "greedy" if config["greedy"] else f"sampling, T={config['temperature']}"
+    title = "Repeated-workload benchmark" if config.get("suite") == "repeated" else "Speculative decoding benchmark"
     parts = [
-        "# Speculative decoding benchmark",
+        f"# {title}",
         "",
         environment_line(config.get("environment")),
         "",
@@ -175,8 +210,14 @@ def markdown(result: dict) -> str:
         "",
         methods_table(result["methods"]),
     ]
+    if config.get("suite") == "repeated":
+        parts += ["", f"Turns run chained: each prompt holds the conversation so far with "
+                  f"`{config['reference_method']}`'s answers. Warm-up on a prompt of no workload; every store emptied "
+                  "after it and before each workload."]
     if result.get("by_set"):
         parts += ["", "## Per prompt set (speedup / τ)", "", by_set_table(result["by_set"])]
+    if result.get("suffix_cache"):
+        parts += ["", "## The cross-request store", "", CACHE_NOTE, "", cache_table(result["suffix_cache"])]
     if result.get("profile"):
         parts += [
             "",

@@ -42,7 +42,10 @@ from .stats import AR, AR_STOCK, summarize
 
 logger = logging.getLogger(__name__)
 
-ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino")
+ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino", "domino_cache")
+# What runs when no method is named: all of the above but `assisted` (it needs an assistant) and `domino_cache`,
+# whose cross-request store only has something to find in a repeated workload (`workloads.py`).
+DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m not in ("assisted", "domino_cache"))
 
 
 @dataclass
@@ -89,6 +92,9 @@ class Method:
     def active(self):
         yield
 
+    def reset(self) -> None:
+        """Forget what earlier calls left behind (a cross-request store); called after the warm-up."""
+
     def generate(self, target, input_ids, generation_config, streamer) -> torch.Tensor:
         fields = self.config_fields()
         if fields:
@@ -108,7 +114,7 @@ class Method:
         return None
 
     def step_sources(self) -> list[str]:
-        """Where each step's proposal came from (domino / lookup / none), when the drafter records it."""
+        """Where each step's proposal came from (domino / lookup / cache / none), when the drafter records it."""
         return []
 
     def phase_timings(self) -> dict[str, float] | None:
@@ -158,29 +164,43 @@ class Assisted(Method):
 
 
 class DominoMethod(Method):
-    """One Domino checkpoint, three ways: `domino` as shipped (head on, context lookup at the draft's default),
-    `domino_no_lookup` (the Domino block alone) and `dflash` (head off, no lookup: plain DFlash drafting).
+    """One Domino checkpoint, four ways: `domino` as shipped (head on, context lookup at the draft's default),
+    `domino_no_lookup` (the Domino block alone), `dflash` (head off, no lookup: plain DFlash drafting) and
+    `domino_cache` (`domino` that also drafts from a cross-request `SuffixCache` of its own, passed per call as
+    `suffix_cache=` and emptied by `reset`).
 
     The two draft-only methods measure the draft as the field does: it drafts every step (`draft_backoff=False`),
     so their τ is the draft's and their head gain compares like with like; `domino` keeps the draft's own
     no-fit fallback, as a user gets it. The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head
-    through `config.use_domino_head`.
-    With `profile`, the draft times its own phases (`profile_drafting`, into the stats' `timings`); the head
-    switch is restored after every call, so the caller's draft leaves the benchmark as it came in.
+    through `config.use_domino_head`; the cross-request store through `use_suffix_cache`, which the other three
+    methods pass as False: the draft's own default store would carry one prompt's answer (the warm-up's too) into
+    the next. With `profile`, the draft times its own phases (`profile_drafting`, into the stats' `timings`); the
+    head switch is restored after every call, so the caller's draft leaves the benchmark as it came in.
     """
 
     def __init__(self, draft, name: str, profile: bool = False):
         self.drafter = draft
         self.name = name
         self.use_head = name != "dflash"
-        self.lookup = name == "domino"
+        self.lookup = name in ("domino", "domino_cache")
         self.profile = profile
+        self.suffix_cache = None
+        if name == "domino_cache":
+            from ..modeling import SuffixCache
+
+            self.suffix_cache = SuffixCache()
 
     def config_fields(self):
         return {} if self.lookup else {"prompt_lookup_num_tokens": 0, "draft_backoff": False}
 
     def generate_kwargs(self):
-        return {"assistant_model": self.drafter}
+        if self.suffix_cache is None:
+            return {"assistant_model": self.drafter, "use_suffix_cache": False}
+        return {"assistant_model": self.drafter, "use_suffix_cache": True, "suffix_cache": self.suffix_cache}
+
+    def reset(self) -> None:
+        if self.suffix_cache is not None:
+            self.suffix_cache.clear()
 
     @contextlib.contextmanager
     def active(self):
@@ -211,7 +231,8 @@ class DominoMethod(Method):
 def build_methods(
     names, draft=None, assistant=None, prompt_lookup_tokens: int = 10, profile: bool = False
 ) -> list[Method]:
-    """Instantiate the requested methods; raise a ValueError naming what is missing for one that can't run."""
+    """Instantiate the requested methods (`ALL_METHODS` names); raise a ValueError naming what is missing for one
+    that can't run."""
     unknown = [n for n in names if n not in ALL_METHODS]
     if unknown:
         raise ValueError(f"Unknown method(s) {unknown}; choose from {', '.join(ALL_METHODS)}.")
@@ -257,7 +278,7 @@ def make_generation_config(target, max_new_tokens: int, temperature: float) -> G
 
 
 # ------------------------------------------------------------------------------------------------ running
-class _Probes:
+class Probes:
     """Forward probes on the target and on assistants (a Domino draft times its own phases instead).
 
     They synchronise CUDA only when profiling: the step counts they give need no synchronisation.
@@ -366,20 +387,15 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
     if not prompts:
         raise ValueError("No prompts to benchmark.")
     profile = resolve_profile(config.profile, target.device)
-    methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens, profile)
-    kernels = "optimized" if is_optimized(target) else "stock"
-    if kernels == "optimized" and AR in config.methods:
-        methods.append(StockAutoregressive(target))
+    methods, kernels = prepare_methods(target, config, draft, assistant, profile)
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
-    probes = _Probes(target, [assistant], profile)
+    probes = Probes(target, [assistant], profile)
     runs: list[RunRecord] = []
     total = len(methods) * (len(prompts) * config.repeats)
     try:
         from tqdm.auto import tqdm
 
-        for method in methods:
-            for w in range(config.warmup):
-                run_once(target, method, prompts[0], -1, generation_config, probes, config.seed + w)
+        warm_up(target, methods, prompts[0], config, generation_config, probes)
         with tqdm(total=total, desc="bench", unit="run", disable=not config.progress) as bar:
             for p, prompt in enumerate(prompts):
                 for repeat in range(config.repeats):
@@ -394,10 +410,44 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
         probes.remove()
 
     names = [m.name for m in methods]
-    record = _config_record(config, prompts, profile)
+    record = config_record(config, prompts, profile)
     record["target_kernels"] = kernels
     result = {"config": record, **summarize(runs, names, config.greedy, profile)}
     result["runs"] = [r.summary() for r in runs]
+    log_mismatches(result)
+    return result
+
+
+def prepare_methods(target, config: BenchConfig, draft=None, assistant=None,
+                    profile: bool = False) -> tuple[list[Method], str]:
+    """The methods of `config` and the target's kernels (`optimized` / `stock`); on optimized kernels, with
+    `autoregressive` asked for, plain decoding on stock kernels is appended as the second baseline.
+
+    Args:
+        target (`PreTrainedModel`): the loaded target.
+        config (`BenchConfig`): names the methods and the prompt lookup length.
+        draft (`DominoDraftModel`, *optional*) / assistant (`PreTrainedModel`, *optional*): their models.
+        profile (`bool`): whether the Domino methods time their drafting phases.
+    """
+    methods = build_methods(config.methods, draft, assistant, config.prompt_lookup_tokens, profile)
+    kernels = "optimized" if is_optimized(target) else "stock"
+    if kernels == "optimized" and AR in config.methods:
+        methods.append(StockAutoregressive(target))
+    return methods, kernels
+
+
+def warm_up(target, methods: list[Method], prompt: BenchPrompt, config: BenchConfig, generation_config,
+            probes) -> None:
+    """`config.warmup` untimed calls per method on `prompt`, then every method's `reset` (a store the warm-up
+    filled starts the timed runs empty)."""
+    for method in methods:
+        for w in range(config.warmup):
+            run_once(target, method, prompt, -1, generation_config, probes, config.seed + w)
+        method.reset()
+
+
+def log_mismatches(result: dict) -> None:
+    """One error line per method whose greedy output differed from autoregressive decoding."""
     for name, found in result["mismatches"].items():
         first = found[0]
         logger.error(
@@ -411,7 +461,6 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
             first["expected"],
             first["got"],
         )
-    return result
 
 
 def resolve_profile(profile: bool | None, device: torch.device) -> bool:
@@ -426,7 +475,7 @@ def resolve_profile(profile: bool | None, device: torch.device) -> bool:
     return bool(profile)
 
 
-def _config_record(config: BenchConfig, prompts: list[BenchPrompt], profile: bool) -> dict:
+def config_record(config: BenchConfig, prompts: list[BenchPrompt], profile: bool) -> dict:
     record = {k: v for k, v in asdict(config).items() if k not in ("extra", "progress")}
     record["profile"] = profile
     record["methods"] = list(config.methods)

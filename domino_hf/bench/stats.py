@@ -28,6 +28,9 @@ AR = "autoregressive"
 # another kernel set may flip a near-tied argmax.
 AR_STOCK = "autoregressive_stock_kernels"
 MAX_REPORTED_MISMATCHES = 20
+# Where a Domino draft's proposal of a step came from: its block, a span of the context (lookup), a span of the
+# cross-request store (cache), or nothing (a plain target step).
+STEP_SOURCES = ("domino", "lookup", "cache", "none")
 
 
 def per_position_acceptance(drafted: list[int], accepted: list[int]) -> tuple[list[float], list[int]]:
@@ -100,11 +103,12 @@ def summarize_method(
 
 
 def _source_shares(sources: list[str]) -> dict[str, float] | None:
-    """Share of verify steps per proposal source (a Domino draft's domino / lookup / none), None without."""
+    """Share of verify steps per proposal source (a Domino draft's domino / lookup / cache / none), None
+    without."""
     if not sources:
         return None
     counts = Counter(sources)
-    return {name: counts[name] / len(sources) for name in ("domino", "lookup", "none")}
+    return {name: counts[name] / len(sources) for name in STEP_SOURCES}
 
 
 def profile_method(runs: list[RunRecord]) -> dict:
