@@ -388,8 +388,11 @@ class SourceChooser:
         length = len(span.tokens)
         if (span.source == "lookup" and not self.cut_spans) or length <= 1 or self.copying:
             return length  # a copy under way goes out whole
-        spans = self.span_model(span)
-        values = [(1.0 + spans.expected(n)) / self.cost(n + 1) for n in range(1, length + 1)]
+        expected, chain, values = 0.0, 1.0, []
+        for n, h in enumerate(self.span_model(span).h[:length], start=1):  # expected(n) for every n, in one pass
+            chain *= h
+            expected += chain
+            values.append((1.0 + expected) / self.cost(n + 1))
         return 1 + values.index(max(values))  # the shortest of equally good prefixes
 
     def _values(self, domino_score: float, block: int, lookup_score: float, span: Span) -> tuple[float, float]:
