@@ -9,7 +9,7 @@ requests need no draft and run exactly as `hf` runs them, batched by `--batch_si
 lossless, so the scores are those of plain decoding; what changes is the time generation takes.
 
 Per task, the draft's acceptance length τ (bonus token included), the share of verify steps per source (the
-Domino block, a span looked up in the context, a plain step), the decode tokens/s and the wall time of
+Domino block, a span looked up in the context, a span from the suffix cache of earlier generations, a plain step), the decode tokens/s and the wall time of
 generation are kept in `DominoLM.stats`; `add_domino_stats(results, lm)` writes them into a results dict, under
 `results["domino"]` and as `domino_*` rows of each task (so lm-eval's printed table shows τ next to the scores).
 `domino lm-eval` does that for every run.
@@ -44,7 +44,7 @@ import torch  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
 
-SOURCES = ("domino", "lookup", "none")
+SOURCES = ("domino", "lookup", "cache", "none")
 # The most recent DominoLM: lm-eval builds the model from `--model domino` inside `simple_evaluate` and drops it
 # before returning, so `domino lm-eval` finds its numbers here.
 _LATEST: list = []
@@ -62,6 +62,9 @@ class DominoLM(HFLM):
             draft. Without one, generation is plain decoding (on the same kernels).
         draft_dtype (`str`, *optional*): the draft's dtype (default: the target's).
         prompt_lookup_num_tokens (`int`, *optional*): the draft's context-lookup span (0: the Domino block only).
+        use_suffix_cache (`bool`, *optional*): draft from the suffix cache of earlier generations (default: the
+            draft's setting, on). An evaluation run's requests share their few-shot preamble and answer format, so
+            the draft's own store fills with them as the run goes; scores are unchanged either way.
         optimize_cpu (`bool`, defaults to `True`): on CPU, pack target and draft weights with `optimize_for_cpu`
             (as `domino bench` does); `False` keeps transformers' stock kernels.
         dtype (`str`, defaults to `"float32"` on CPU, else `"auto"`): the target's dtype; fp32 keeps CPU greedy
@@ -70,7 +73,8 @@ class DominoLM(HFLM):
     """
 
     def __init__(self, pretrained, draft=None, draft_dtype: str | None = None,
-                 prompt_lookup_num_tokens: int | None = None, optimize_cpu: bool = True, **kwargs):
+                 prompt_lookup_num_tokens: int | None = None, use_suffix_cache: bool | None = None,
+                 optimize_cpu: bool = True, **kwargs):
         device = str(kwargs.get("device") or "cuda")
         if device.startswith("cuda") and not torch.cuda.is_available():
             device = "cpu"  # lm-eval's default device on a machine without a GPU (HFLM falls back the same way)
@@ -92,6 +96,7 @@ class DominoLM(HFLM):
         if self.draft is not None:
             self.draft.to(self.device).eval()
         self.prompt_lookup_num_tokens = None if prompt_lookup_num_tokens is None else int(prompt_lookup_num_tokens)
+        self.use_suffix_cache = None if use_suffix_cache is None else _as_bool(use_suffix_cache)
         if optimize_cpu and on_cpu:
             from .cpu_kernels import optimize_for_cpu
 
@@ -129,6 +134,8 @@ class DominoLM(HFLM):
             generation_kwargs["assistant_model"] = self.draft
             if self.prompt_lookup_num_tokens is not None:
                 generation_kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
+            if self.use_suffix_cache is not None:
+                generation_kwargs["use_suffix_cache"] = self.use_suffix_cache
         width = context.shape[1]
         rows = []
         for row in range(context.shape[0]):
@@ -188,6 +195,16 @@ def add_domino_stats(results: dict, lm: DominoLM) -> dict:
             metrics["domino_tokens_per_s,none"] = row["decode_tokens_per_s"]
         metrics["domino_generation_s,none"] = row["generation_s"]
     return results
+
+
+def _as_bool(value) -> bool:
+    """A flag from `--model_args` (lm-eval passes strings such as "False") or Python."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text not in ("true", "false", "1", "0"):
+        raise ValueError(f"use_suffix_cache must be True or False, got {value!r}.")
+    return text in ("true", "1")
 
 
 def _dtype(name):

@@ -68,10 +68,11 @@ def scores(results):
 
 
 def test_domino_gives_hf_samples_and_scores(setup):
-    """Same generations (every sample) and the same metrics, task by task; τ comes from real drafting."""
+    """Same generations (every sample) and the same metrics, task by task, with the suffix cache on (as
+    `--model_args` passes it: a string); τ comes from real drafting."""
     root, tasks = setup
     hf = evaluate(root, tasks, "hf")
-    domino = evaluate(root, tasks, "domino", draft=str(root / "draft"), optimize_cpu=False)
+    domino = evaluate(root, tasks, "domino", draft=str(root / "draft"), optimize_cpu=False, use_suffix_cache="True")
     assert samples(domino) == samples(hf)
     assert scores(domino) == scores(hf)
     generated = domino["samples"]["domino_alpaca"]
@@ -94,13 +95,15 @@ def test_stats_per_task(setup):
     from domino_hf.eval import add_domino_stats
 
     root, tasks = setup
-    lm = DominoLM(pretrained=str(root / "target"), draft=str(root / "draft"), device="cpu", optimize_cpu=False)
+    lm = DominoLM(pretrained=str(root / "target"), draft=str(root / "draft"), device="cpu", optimize_cpu=False,
+                  use_suffix_cache=True)
     results = add_domino_stats(evaluate(root, tasks, lm, limit=4), lm)
+    assert lm.draft.suffix_cache.num_sequences_added == 4  # every generation went into the draft's own store
     numbers = results["domino"]["tasks"]
     assert list(numbers) == ["domino_alpaca"]  # the loglikelihood task generates nothing
     row = numbers["domino_alpaca"]
     assert row["verify_steps"] > 0 and row["tau"] >= 1.0 and row["new_tokens"] > 0
-    assert sum(row["source_share"].values()) == pytest.approx(1.0)
+    assert sum(row["source_share"].values()) == pytest.approx(1.0) and "cache" in row["source_share"]
     assert row["decode_tokens_per_s"] > 0 and row["generation_s"] > 0
     assert results["results"]["domino_alpaca"]["domino_tau,none"] == row["tau"]
     assert results["domino"]["draft"] == str(root / "draft")
