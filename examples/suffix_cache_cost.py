@@ -6,7 +6,13 @@ each cut are the context, as in a decoding step. Reports, per size: the arrays' 
 (median and 99th percentile), how often a lookup proposes something and how long its proposal is, and the time
 to add a sequence per token.
 
-    python examples/suffix_cache_cost.py --out docs/bench/suffix_cache
+With `--rates`, also how often the store's proposals are right (`rates.json` / `rates.md`), by the length of the
+match that found them: a store of `--rates-size` tokens of answers, then held-out answers cut at random points of
+their response, and per span position j the rate at which token j is right given the tokens before it were (the
+`h[j]` of the drafter's span history, whose priors for cache spans are `CACHE_START_RATES` in
+modeling/hybrid_domino.py). These answers are to unrelated prompts: the case where the store has least to offer.
+
+    python examples/suffix_cache_cost.py --out docs/bench/suffix_cache --rates
 """
 
 from __future__ import annotations
@@ -24,17 +30,62 @@ from domino_hf.training.dataset import RegenDataset
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def read_sequences(limit_tokens: int) -> list[list[int]]:
+class Sequence(list):
+    """Prompt + response ids; `prompt_length` marks where the response starts."""
+
+    prompt_length = 0
+
+
+def read_sequences(limit_tokens: int) -> list[Sequence]:
     """Prompt + response ids of the committed training data, read as `domino train` reads it, up to about
     `limit_tokens` tokens."""
     paths = sorted(str(p) for p in (ROOT / "data" / "regen").glob("**/*.jsonl.gz"))
     sequences, total = [], 0
     for example in RegenDataset.from_jsonl(paths, max_length=1 << 20).examples:
-        sequences.append(example.prompt_ids + example.response_ids)
-        total += len(sequences[-1]) + 1
+        sequence = Sequence(example.prompt_ids + example.response_ids)
+        sequence.prompt_length = len(example.prompt_ids)
+        sequences.append(sequence)
+        total += len(sequence) + 1
         if total >= limit_tokens:
             break
     return sequences
+
+
+BUCKETS = ((2, 3), (4, 7), (8, 15), (16, None))  # match lengths, as the drafter's CACHE_BUCKETS group them
+
+
+def span_rates(size: int, sequences: list[Sequence], held_out: list[Sequence], lookups: int, span: int) -> dict:
+    """Per match-length bucket: lookups, and h[j] = P(token j right | tokens before it right) for j < 4."""
+    cache = SuffixCache(max_tokens=size)
+    added = 0
+    for seq in sequences:
+        if added >= size:
+            break
+        cache.add(seq)
+        added += len(seq) + 1
+    rng = random.Random(2)
+    reached = {b: [0] * span for b in BUCKETS}
+    right = {b: [0] * span for b in BUCKETS}
+    for _ in range(lookups):
+        seq = rng.choice(held_out)
+        cut = rng.randint(seq.prompt_length + 1, len(seq) - 1)
+        match = cache.lookup(seq[max(0, cut - 64) : cut], span)
+        if match is None:
+            continue
+        bucket = next(b for b in BUCKETS if b[1] is None or match.match_length <= b[1])
+        for j, token in enumerate(match.tokens):
+            if cut + j >= len(seq):
+                break
+            reached[bucket][j] += 1
+            if token != seq[cut + j]:
+                break
+            right[bucket][j] += 1
+    rows = []
+    for b in BUCKETS:
+        label = f"{b[0]}+" if b[1] is None else f"{b[0]}–{b[1]}"
+        rates = [right[b][j] / reached[b][j] if reached[b][j] else None for j in range(4)]
+        rows.append({"match_length": label, "lookups": reached[b][0], "h": rates})
+    return {"cached_tokens": cache.num_tokens, "rows": rows}
 
 
 def measure(size: int, sequences: list[list[int]], held_out: list[list[int]], lookups: int, span: int) -> dict:
@@ -78,6 +129,8 @@ def main(argv=None) -> None:
     parser.add_argument("--lookups", type=int, default=2000)
     parser.add_argument("--span", type=int, default=16, help="tokens asked of each lookup (default: %(default)s)")
     parser.add_argument("--out", "--output_dir", dest="out", default="runs/suffix_cache")
+    parser.add_argument("--rates", action="store_true", help="also measure how often the proposals are right")
+    parser.add_argument("--rates-size", type=int, default=100_000, help="store size for --rates (default: %(default)s)")
     args = parser.parse_args(argv)
     pool = read_sequences(max(args.sizes) + 200_000)
     rng = random.Random(1)
@@ -100,6 +153,16 @@ def main(argv=None) -> None:
         )
     (out / "cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+    if args.rates:
+        rates = span_rates(args.rates_size, stored, held_out, args.lookups * 5, 24)
+        (out / "rates.json").write_text(json.dumps({"config": vars(args), **rates}, indent=1))
+        lines = [f"Store of {rates['cached_tokens']:,} tokens; h[j] = P(token j right | the tokens before it were).",
+                 "", "| match length | lookups | h[0] | h[1] | h[2] | h[3] |", "|---|---:|---:|---:|---:|---:|"]
+        for r in rates["rows"]:
+            cells = " | ".join("–" if h is None else f"{h:.2f}" for h in r["h"])
+            lines.append(f"| {r['match_length']} | {r['lookups']:,} | {cells} |")
+        (out / "rates.md").write_text("\n".join(lines) + "\n")
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -21,12 +21,22 @@ import torch
 # `ContextLookup` on 500 of the target's own answers to ShareGPT prompts (SmolLM2-135M-Instruct, greedy; no
 # benchmark prompt): a 1-gram match is right 23% of the time, a 3-gram match 86%.
 SPAN_START_RATES = {1: (0.25, 0.6, 0.75), 2: (0.55, 0.7, 0.8), 3: (0.85, 0.95)}
-# The same for suffix-cache spans, by match length (2-3, 4-7, 8-15, 16+ tokens matched: `CACHE_BUCKETS`): priors
-# set between the context rates above (a longer match is a better predictor, and a majority of occurrences
-# agreeing makes a 2-token match better than a context 2-gram), not fitted; each `generate` call's history
-# replaces them within a few steps (`SpanModel`, alpha 0.2).
-CACHE_START_RATES = {2: (0.45, 0.65, 0.75), 4: (0.6, 0.75, 0.85), 8: (0.75, 0.85, 0.9), 16: (0.85, 0.92, 0.95)}
+# The same for suffix-cache spans, by match length (2-3, 4-7, 8-15, 16+ tokens matched: `CACHE_BUCKETS`), measured
+# with a store of 100k tokens of the target's answers to unrelated prompts and held-out answers
+# (`examples/suffix_cache_cost.py --rates`, docs/bench/suffix_cache/rates.md): the case where the store has least
+# to offer. A store keeps what its spans were worth across calls (`store_history`), so on a workload that repeats
+# itself these priors matter for the first call only.
+CACHE_START_RATES = {2: (0.27, 0.36, 0.48), 4: (0.42, 0.48, 0.58), 8: (0.61, 0.64, 0.6, 0.52),
+                     16: (0.72, 0.76, 0.77, 0.73)}
 CACHE_BUCKETS = (16, 8, 4, 2)
+
+
+def store_history(store) -> dict:
+    """The span history kept with `store` (a `SuffixCache`'s `span_history`: `SpanModel.h` per cache bucket, as
+    the last `generate` call with it left it), so the next call starts from what the store's spans have been
+    worth, not from the priors; empty before any call used it or after `clear()`."""
+    history = getattr(store, "span_history", None)
+    return history if isinstance(history, dict) else {}
 
 
 class Span(NamedTuple):
@@ -315,6 +325,8 @@ class SourceChooser:
 
     Args:
         max_span (`int`): the longest span any source proposes.
+        history (`dict`, *optional*): span histories (`SpanModel.h` by bucket) to start from instead of the
+            priors: the suffix cache's, as its last call left them (`store_history`).
         cost ([`VerifyCost`], *optional*): the verify-cost curve (a fixed CPU prior when omitted).
         draft_cost (`float`, defaults to 0.15): the draft's forward (backbone, LM head, head rollout) as a
             fraction of a plain target step; 0.1–0.15 for the SmolLM2 draft with `optimize_for_cpu`
@@ -323,10 +335,13 @@ class SourceChooser:
     """
 
     def __init__(self, max_span: int, cost: VerifyCost | None = None, prior: float = 0.25, alpha: float = 0.3,
-                 *, draft_cost: float = 0.15, cut_spans: bool = False):
+                 *, draft_cost: float = 0.15, cut_spans: bool = False, history: dict | None = None):
         self.cost = cost or VerifyCost()
         self.spans = {("lookup", n): SpanModel(max_span, start) for n, start in SPAN_START_RATES.items()}
         self.spans.update({("cache", n): SpanModel(max_span, start) for n, start in CACHE_START_RATES.items()})
+        for bucket, h in (history or {}).items():  # an earlier call's span history (`store_history`)
+            if bucket in self.spans and h:
+                self.spans[bucket] = SpanModel(max_span, tuple(h))
         self.alpha = alpha
         self.realised = self.predicted = prior
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
@@ -341,6 +356,10 @@ class SourceChooser:
 
     def span_model(self, span: Span) -> SpanModel:
         return self.spans[span.bucket]
+
+    def history(self, source: str) -> dict[tuple[str, int], list[float]]:
+        """The span histories of one source, by bucket (for `store_history`)."""
+        return {bucket: list(model.h) for bucket, model in self.spans.items() if bucket[0] == source}
 
     def span_value(self, span: Span, lookup_score: float = 0.0) -> float:
         """Expected tokens (accepted + bonus) per verify cost of sending `span` (cut to `span_length`)."""

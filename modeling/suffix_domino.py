@@ -59,6 +59,11 @@ class SuffixCache:
         max_candidates (`int`, defaults to 64): occurrences examined per level and lookup (newest first), which
             bounds a lookup's cost.
         max_match (`int`, defaults to 64): matches are extended towards the past up to this many tokens.
+
+    Attributes:
+        span_history (`dict`): what drafting learnt about this store's spans (the acceptance rate of each span
+            position, by match length), so a `generate` call starts from what earlier calls saw; emptied by
+            `clear`, not saved.
     """
 
     def __init__(self, max_tokens: int = 1_000_000, ngram_levels: Sequence[int] = (2, 8), max_candidates: int = 64,
@@ -87,6 +92,7 @@ class SuffixCache:
         self._back = [array("I", [0]) * capacity for _ in self.ngram_levels]
         self._end = 0  # absolute position of the next token written
         self._sequences = 0
+        self.span_history: dict = {}
 
     # -- size -----------------------------------------------------------------------------------------------------
 

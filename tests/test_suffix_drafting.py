@@ -224,3 +224,22 @@ def test_wrong_cache_q_is_caught(target, monkeypatch):
     counts, _, _ = sample(target, 700, seed=11, assistant_model=draft, use_suffix_cache=True, suffix_cache=store,
                           prompt_lookup_num_tokens=0)
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) < 1e-6
+
+
+def test_the_store_keeps_its_span_history_across_calls(fitted_pair):
+    """A call starts from what the store's spans were worth in the last call, not from the priors; `clear()`
+    forgets it with the contents."""
+    from domino_hf.modeling.hybrid_domino import CACHE_START_RATES, SourceChooser
+
+    target, draft, _ = fitted_pair("llama", vocab_size=32)
+    store = SuffixCache(max_tokens=4096)
+    assert store.span_history == {}
+    for _ in range(2):
+        generate(target, draft, question(32, 7), use_suffix_cache=True, suffix_cache=store)
+    learnt = store.span_history
+    assert set(learnt) == {("cache", n) for n in CACHE_START_RATES}
+    assert any(h[0] != CACHE_START_RATES[n][0] for (_, n), h in learnt.items())  # the repeat taught it something
+    chooser = SourceChooser(max_span=24, history=learnt)
+    assert all(chooser.spans[bucket].h == h[:24] for bucket, h in learnt.items())
+    store.clear()
+    assert store.span_history == {}

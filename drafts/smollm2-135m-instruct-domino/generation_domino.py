@@ -33,6 +33,7 @@ from .hybrid_domino import (
     _Step,
     expected_accepted,
     shadow_accepted,
+    store_history,
 )
 from .target_domino import (
     DominoHeadTables,
@@ -226,7 +227,8 @@ class DominoCandidateGenerator(CandidateGenerator):
         proposed = self.config.num_draft_tokens + 1
         self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings.draft_backoff else None
         max_span = max(settings.context_lookup_tokens, settings.suffix_cache_max_span if suffix_cache else 0, 1)
-        self.chooser = SourceChooser(max_span, cost, cut_spans=settings.cut_lookup_spans)
+        history = store_history(suffix_cache) if suffix_cache is not None else None
+        self.chooser = SourceChooser(max_span, cost, cut_spans=settings.cut_lookup_spans, history=history)
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the best span found at the step being proposed
         self._spans: tuple[Span, ...] = ()  # every span found at that step, the best first
@@ -498,9 +500,11 @@ class DominoCandidateGenerator(CandidateGenerator):
         return torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
 
     def remember(self, sequences) -> None:
-        """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any."""
+        """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any, and
+        keep what its spans were worth in this call for the next one (`store_history`)."""
         if self.suffix_cache is not None:
             self.suffix_cache.add(sequences[0].tolist())
+            store_history(self.suffix_cache).update(self.chooser.history("cache"))
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._step is None:
