@@ -9,7 +9,8 @@ requests need no draft and run exactly as `hf` runs them, batched by `--batch_si
 lossless, so the scores are those of plain decoding; what changes is the time generation takes.
 
 Per task, the draft's acceptance length τ (bonus token included), the share of verify steps per source (the
-Domino block, a span looked up in the context, a span from the suffix cache of earlier generations, a plain step), the decode tokens/s and the wall time of
+Domino block, a span looked up in the context, a span from the suffix cache of earlier generations, a plain
+step), the decode tokens/s and the wall time of
 generation are kept in `DominoLM.stats`; `add_domino_stats(results, lm)` writes them into a results dict, under
 `results["domino"]` and as `domino_*` rows of each task (so lm-eval's printed table shows τ next to the scores).
 `domino lm-eval` does that for every run.
