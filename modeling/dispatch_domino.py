@@ -26,6 +26,7 @@ import transformers
 
 from .configuration_domino import DRAFTING_FIELDS, DraftingSettings, draft_level_settings
 from .generation_domino import DominoCandidateGenerator, DominoGenerationStats
+from .suffix_domino import is_suffix_cache
 from .target_domino import check_draft_fits_target
 
 logger = logging.getLogger(__name__)
@@ -152,7 +153,7 @@ def resolve_suffix_cache(draft, generation_config, settings):
     cache = vars(generation_config).get("suffix_cache")
     if cache is None:
         return getattr(draft, "suffix_cache", None)
-    if not all(hasattr(cache, name) for name in ("add", "lookup", "max_match")):
+    if not is_suffix_cache(cache):
         raise TypeError(
             f"suffix_cache must be a SuffixCache (`from domino_hf import SuffixCache`), got {type(cache).__name__}."
         )

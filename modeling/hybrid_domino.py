@@ -31,12 +31,13 @@ CACHE_START_RATES = {2: (0.27, 0.36, 0.48), 4: (0.42, 0.48, 0.58), 8: (0.61, 0.6
 CACHE_BUCKETS = (16, 8, 4, 2)
 
 
-def store_history(store) -> dict:
+def store_history(store) -> dict | None:
     """The span history kept with `store` (a `SuffixCache`'s `span_history`: `SpanModel.h` per cache bucket, as
     the last `generate` call with it left it), so the next call starts from what the store's spans have been
-    worth, not from the priors; empty before any call used it or after `clear()`."""
+    worth, not from the priors; empty before any call used it or after `clear()`. None for a store that keeps
+    no history (a duck-typed store without `span_history`): drafting then starts from the priors every call."""
     history = getattr(store, "span_history", None)
-    return history if isinstance(history, dict) else {}
+    return history if isinstance(history, dict) else None
 
 
 class Span(NamedTuple):

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DRAFTING_FIELDS, DominoConfig, _check_field, draft_level_settings
 from .dispatch_domino import check_transformers_version, install_generate_hook_if_supported
-from .suffix_domino import SuffixCache
+from .suffix_domino import SuffixCache, is_suffix_cache
 
 logger = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ class DominoDraftModel(DominoPreTrainedModel):
 
     @suffix_cache.setter
     def suffix_cache(self, cache: SuffixCache) -> None:
-        if not all(hasattr(cache, name) for name in ("add", "lookup", "max_match")):  # either copy's SuffixCache
+        if not is_suffix_cache(cache):
             raise TypeError(f"draft.suffix_cache takes a SuffixCache, got {type(cache).__name__}.")
         _DRAFT_SUFFIX_CACHES[self] = cache
 

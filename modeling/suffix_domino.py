@@ -26,6 +26,13 @@ SEPARATOR = -1  # ends every added sequence: no match and no continuation crosse
 _NONE = -1  # an empty hash slot
 
 
+def is_suffix_cache(obj) -> bool:
+    """Whether `obj` can serve as a suffix cache: a `SuffixCache` from either copy of this file (the installed
+    package's or a draft's remote code, which are different classes), or anything with its `add`, `lookup` and
+    `max_match`."""
+    return all(callable(getattr(obj, name, None)) for name in ("add", "lookup")) and hasattr(obj, "max_match")
+
+
 class SuffixMatch(NamedTuple):
     """What a lookup found.
 

@@ -243,3 +243,36 @@ def test_the_store_keeps_its_span_history_across_calls(fitted_pair):
     assert all(chooser.spans[bucket].h == h[:24] for bucket, h in learnt.items())
     store.clear()
     assert store.span_history == {}
+
+
+class _BareStore:
+    """A store of the user's own: `add`, `lookup` and `max_match` delegated to a SuffixCache, no span history."""
+
+    def __init__(self):
+        self._cache = SuffixCache(max_tokens=4096)
+        self.max_match = self._cache.max_match
+
+    def add(self, tokens):
+        self._cache.add(tokens)
+
+    def lookup(self, context, max_tokens):
+        return self._cache.lookup(context, max_tokens)
+
+
+def test_a_store_without_span_history_starts_from_the_priors(fitted_pair):
+    """A duck-typed store is taken (the same check as `draft.suffix_cache`'s setter), its spans are used, and a
+    call keeps no history for it rather than writing into a throwaway dict."""
+    from domino_hf.modeling.hybrid_domino import store_history
+    from domino_hf.modeling.suffix_domino import is_suffix_cache
+
+    target, draft, _ = fitted_pair("llama", vocab_size=32)
+    store = _BareStore()
+    assert is_suffix_cache(store) and not is_suffix_cache(object()) and store_history(store) is None
+    plain = target.generate(question(32, 3), do_sample=False, max_new_tokens=24)
+    for _ in range(2):
+        out = generate(target, draft, question(32, 3), use_suffix_cache=True, suffix_cache=store)
+        assert torch.equal(out, plain)
+    assert draft.last_generation_stats.source_counts().get("cache", 0) > 0
+    assert not hasattr(store, "span_history")
+    draft.suffix_cache = store  # the setter takes what the per-call check takes
+    assert draft.suffix_cache is store

@@ -502,9 +502,12 @@ class DominoCandidateGenerator(CandidateGenerator):
     def remember(self, sequences) -> None:
         """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any, and
         keep what its spans were worth in this call for the next one (`store_history`)."""
-        if self.suffix_cache is not None:
-            self.suffix_cache.add(sequences[0].tolist())
-            store_history(self.suffix_cache).update(self.chooser.history("cache"))
+        if self.suffix_cache is None:
+            return
+        self.suffix_cache.add(sequences[0].tolist())
+        history = store_history(self.suffix_cache)
+        if history is not None:
+            history.update(self.chooser.history("cache"))
 
     def update_candidate_strategy(self, input_ids, scores, num_matches):
         if self._step is None:
