@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+from domino_hf.modeling.hybrid_domino import CACHE_BUCKETS, Span
 from domino_hf.modeling.suffix_domino import SuffixCache
 from domino_hf.training.dataset import RegenDataset
 
@@ -51,44 +52,8 @@ def read_sequences(limit_tokens: int) -> list[Sequence]:
     return sequences
 
 
-BUCKETS = ((2, 3), (4, 7), (8, 15), (16, None))  # match lengths, as the drafter's CACHE_BUCKETS group them
-
-
-def span_rates(size: int, sequences: list[Sequence], held_out: list[Sequence], lookups: int, span: int) -> dict:
-    """Per match-length bucket: lookups, and h[j] = P(token j right | tokens before it right) for j < 4."""
-    cache = SuffixCache(max_tokens=size)
-    added = 0
-    for seq in sequences:
-        if added >= size:
-            break
-        cache.add(seq)
-        added += len(seq) + 1
-    rng = random.Random(2)
-    reached = {b: [0] * span for b in BUCKETS}
-    right = {b: [0] * span for b in BUCKETS}
-    for _ in range(lookups):
-        seq = rng.choice(held_out)
-        cut = rng.randint(seq.prompt_length + 1, len(seq) - 1)
-        match = cache.lookup(seq[max(0, cut - 64) : cut], span)
-        if match is None:
-            continue
-        bucket = next(b for b in BUCKETS if b[1] is None or match.match_length <= b[1])
-        for j, token in enumerate(match.tokens):
-            if cut + j >= len(seq):
-                break
-            reached[bucket][j] += 1
-            if token != seq[cut + j]:
-                break
-            right[bucket][j] += 1
-    rows = []
-    for b in BUCKETS:
-        label = f"{b[0]}+" if b[1] is None else f"{b[0]}–{b[1]}"
-        rates = [right[b][j] / reached[b][j] if reached[b][j] else None for j in range(4)]
-        rows.append({"match_length": label, "lookups": reached[b][0], "h": rates})
-    return {"cached_tokens": cache.num_tokens, "rows": rows}
-
-
-def measure(size: int, sequences: list[list[int]], held_out: list[list[int]], lookups: int, span: int) -> dict:
+def fill(size: int, sequences: list[list[int]]) -> tuple[SuffixCache, list[float]]:
+    """A store of `size` tokens filled with `sequences` until full, and the seconds per token of each add."""
     cache = SuffixCache(max_tokens=size)
     add_times, added = [], 0
     for seq in sequences:
@@ -98,6 +63,41 @@ def measure(size: int, sequences: list[list[int]], held_out: list[list[int]], lo
         cache.add(seq)
         add_times.append((time.perf_counter() - start) / (len(seq) + 1))
         added += len(seq) + 1
+    return cache, add_times
+
+
+def span_rates(size: int, sequences: list[Sequence], held_out: list[Sequence], lookups: int, span: int) -> dict:
+    """Per match-length bucket (the drafter's `CACHE_BUCKETS`, as `Span.bucket` assigns them): lookups, and
+    h[j] = P(token j right | tokens before it right) for j < 4."""
+    cache, _ = fill(size, sequences)
+    rng = random.Random(2)
+    reached = {b: [0] * span for b in CACHE_BUCKETS}
+    right = {b: [0] * span for b in CACHE_BUCKETS}
+    for _ in range(lookups):
+        seq = rng.choice(held_out)
+        cut = rng.randint(seq.prompt_length + 1, len(seq) - 1)
+        match = cache.lookup(seq[max(0, cut - 64) : cut], span)
+        if match is None:
+            continue
+        _, bucket = Span(match.tokens, match.match_length, "cache").bucket
+        for j, token in enumerate(match.tokens):
+            if cut + j >= len(seq):
+                break
+            reached[bucket][j] += 1
+            if token != seq[cut + j]:
+                break
+            right[bucket][j] += 1
+    rows = []
+    lower = sorted(CACHE_BUCKETS)
+    for b, above in zip(lower, lower[1:] + [None]):
+        label = f"{b}+" if above is None else f"{b}–{above - 1}"
+        rates = [right[b][j] / reached[b][j] if reached[b][j] else None for j in range(4)]
+        rows.append({"match_length": label, "lookups": reached[b][0], "h": rates})
+    return {"cached_tokens": cache.num_tokens, "rows": rows}
+
+
+def measure(size: int, sequences: list[list[int]], held_out: list[list[int]], lookups: int, span: int) -> dict:
+    cache, add_times = fill(size, sequences)
     rng = random.Random(0)
     times, lengths, hits = [], [], 0
     for _ in range(lookups):

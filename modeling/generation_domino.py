@@ -227,7 +227,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         proposed = self.config.num_draft_tokens + 1
         self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings.draft_backoff else None
         max_span = max(settings.context_lookup_tokens, settings.suffix_cache_max_span if suffix_cache else 0, 1)
-        history = store_history(suffix_cache) if suffix_cache is not None else None
+        history = store_history(suffix_cache)  # None without a store, or for one that keeps no history
         self.chooser = SourceChooser(max_span, cost, cut_spans=settings.cut_lookup_spans, history=history)
         self._proposed_at = 0.0  # when the last proposal went to the target: its verify is timed from there
         self._span: Span | None = None  # the best span found at the step being proposed
