@@ -7,10 +7,18 @@
 first use of a name below. That first use imports `domino_hf.modeling`, which installs the dispatch that
 routes a Domino draft passed as `assistant_model` to its candidate generator, and registers `domino_draft`
 with `AutoConfig` / `AutoModel` so Domino folders load through the Auto classes without remote code.
+
+`domino_hf.modeling` and `domino_hf.hub_configs` are the checkout's top-level `modeling/` and `hub_configs/`
+folders (pyproject maps them at install time). When this package is imported from a checkout whose `domino_hf/`
+lacks them (a non-editable install used with the checkout as the working directory: its `domino_hf/` shadows the
+installed one), `_CheckoutFolders` finds them in the checkout instead.
 """
 
 import importlib
+import importlib.machinery
 import logging
+import sys
+from pathlib import Path
 
 __version__ = "0.1.0"
 
@@ -33,6 +41,37 @@ _EXPORTS = {
 }
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# the subpackages installed from top-level checkout folders of the same name (pyproject's package-dir)
+_CHECKOUT_FOLDERS = ("modeling", "hub_configs")
+
+
+class _CheckoutFolders:
+    """Finds `domino_hf.modeling` / `domino_hf.hub_configs` in the checkout around this package. Appended to
+    `sys.meta_path`, it is asked only after every other finder came up empty, so an installed package's own
+    subpackages (or an editable install's mapping) always win."""
+
+    def __init__(self, root: Path):
+        self.root = str(root)
+
+    def find_spec(self, fullname, path=None, target=None):
+        package, _, name = fullname.rpartition(".")
+        if package != __name__ or name not in _CHECKOUT_FOLDERS:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [self.root])
+
+
+def _install_checkout_finder() -> None:
+    here = Path(__file__).resolve().parent
+    root = here.parent
+    in_checkout = (root / "pyproject.toml").is_file() and (root / "modeling" / "__init__.py").is_file()
+    if in_checkout and not (here / "modeling").exists() and not any(
+        isinstance(finder, _CheckoutFolders) for finder in sys.meta_path
+    ):
+        sys.meta_path.append(_CheckoutFolders(root))
+
+
+_install_checkout_finder()
 
 
 def __getattr__(name):
