@@ -1,6 +1,6 @@
 """The README's first snippet runs exactly as pasted (from the checkout root), and so does the `Use` snippet
 after it; its results block is what the renderer makes of the committed report; the shipped model card's
-metadata and snippet are true."""
+metadata and snippet are true; pyproject's torch floor is the one README and CI state."""
 
 from __future__ import annotations
 
@@ -92,3 +92,15 @@ def test_shipped_card_snippet_runs_against_the_shipped_folder():
     script = usage.replace(repo, str(CARD.parent)) + checks
     result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert "CARD-OK" in result.stdout, result.stderr[-3000:]
+
+
+def test_torch_floor_agrees_with_readme_and_ci():
+    """pyproject's torch floor is the oldest torch the README promises and CI installs; the README's install gives
+    the CPU build's command (a plain `pip install torch` pulls the 2 GB CUDA build on Linux)."""
+    floor = re.search(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    readme = (ROOT / "README.md").read_text()
+    stated = re.findall(r"torch (\d+\.\d+) or newer", readme)
+    assert stated and set(stated) == {floor}, f"README states torch {stated}, pyproject's floor is {floor}"
+    ci = re.search(r"pip install -q torch==(\d+\.\d+)", (ROOT / ".ci" / "run").read_text()).group(1)
+    assert ci == floor, f"CI tests torch {ci}, pyproject's floor is {floor}"
+    assert re.search(r"^pip install torch --index-url https://download\.pytorch\.org/whl/cpu", readme, re.M)
