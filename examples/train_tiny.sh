@@ -28,16 +28,17 @@ rm -rf "$OUT"/{target,prompts.jsonl,data.jsonl,run,features,run_features,draft}
 step "tiny random target (char-level tokenizer, 4 layers) ${TINY_TARGET[*]} -> $OUT/target"
 python "$HERE/make_tiny_target.py" "$OUT/target" "${TINY_TARGET[@]}"
 
-step "40 prompts -> $OUT/prompts.jsonl"
+step "40 distinct prompts -> $OUT/prompts.jsonl"
 python - "$OUT/prompts.jsonl" <<'EOF'
 import json, random, sys
 rng = random.Random(0)
 subjects = ["cats", "the sea", "a red kite", "old maps", "rain", "bread", "a quiet town", "stars", "music", "rivers"]
 asks = ["Tell me about {}.", "Write a short poem on {}.", "Why do people like {}?", "Describe {} in one line.",
         "List three facts about {}."]
+prompts = rng.sample([ask.format(subject) for ask in asks for subject in subjects], 40)  # 40 of the 50, no repeat
 with open(sys.argv[1], "w") as f:
-    for i in range(40):
-        f.write(json.dumps({"id": f"p{i}", "prompt": rng.choice(asks).format(rng.choice(subjects))}) + "\n")
+    for i, prompt in enumerate(prompts):
+        f.write(json.dumps({"id": f"p{i}", "prompt": prompt}) + "\n")
 EOF
 
 # The draft (1 layer, block 4) and the training arguments shared by both runs: a few dozen fast steps.
@@ -74,8 +75,9 @@ target = AutoModelForCausalLM.from_pretrained(out / "target").eval()
 tokenizer = AutoTokenizer.from_pretrained(out / "target")
 draft = AutoModel.from_pretrained(out / "draft", trust_remote_code=True).eval()
 
-# Four prompts the draft was trained on, two it never saw.
-seen = [json.loads(line)["prompt"] for line in (out / "data.jsonl").open()][:4]
+# Four distinct prompts the draft was trained on, two it never saw (a repeat would be drafted from the suffix cache
+# of its own first generation, inflating tau).
+seen = list(dict.fromkeys(json.loads(line)["prompt"] for line in (out / "data.jsonl").open()))[:4]
 unseen = ["What is a kite made of?", "Write a line about bread and rain."]
 accepted = steps = 0
 for prompt in seen + unseen:

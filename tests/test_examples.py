@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +26,20 @@ def run_train_tiny(out: Path, **env_vars: str) -> subprocess.CompletedProcess:
     assert "greedy outputs identical with and without the draft" in result.stdout
     assert "final losses:" in result.stdout and "training from cached features matches" in result.stdout
     assert (out / "draft" / "model.safetensors").exists()
+    seen = re.findall(r"^  seen   tau \S+  (.*) -> ", result.stdout, re.M)
+    assert len(seen) == 4 and len(set(seen)) == 4, seen  # a repeat would be drafted from the suffix cache
     return result
+
+
+def test_train_tiny_writes_distinct_prompts(tmp_path):
+    """The example's prompt file has no repeats: a repeated "seen" prompt would be drafted from the suffix cache of
+    its first generation and inflate the τ the example prints."""
+    script = (REPO / "examples" / "train_tiny.sh").read_text()
+    writer = re.search(r"""python - "\$OUT/prompts.jsonl" <<'EOF'\n(.*?)\nEOF\n""", script, re.S).group(1)
+    path = tmp_path / "prompts.jsonl"
+    subprocess.run([sys.executable, "-", str(path)], input=writer, text=True, check=True, timeout=60)
+    prompts = [json.loads(line)["prompt"] for line in path.read_text().splitlines()]
+    assert len(prompts) == 40 and len(set(prompts)) == 40
 
 
 @pytest.mark.integration  # the whole regen → features → train → export → generate pipeline, through the CLI
