@@ -43,8 +43,13 @@ def test_local_target_gets_no_base_model_and_a_runnable_snippet(local_run, monke
     assert meta["pipeline_tag"] == "text-generation" and meta["library_name"] == "transformers"
     assert {"speculative-decoding", "draft-model", "domino"} <= set(meta["tags"])
     assert '"<your-username>/export"' in card  # a Hub id to fill in, never the local export folder
+    # The local target by its folder's name: its absolute path means nothing on the Hub.
+    assert str(local_run) not in card
+    assert "# Domino draft for tiny\n" in card and 'TARGET = "tiny"' in card and "local folder, `tiny`" in card
 
-    # The snippet itself runs: pointed at the exported folder, it generates with the draft.
+    # The snippet itself runs: pointed at the exported folder, from the folder that holds the target, it generates
+    # with the draft.
+    monkeypatch.chdir(local_run)
     snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1).replace("<your-username>/export", str(out))
     namespace = {}
     exec(compile(snippet, "card-snippet", "exec"), namespace)
@@ -60,6 +65,7 @@ def test_base_model_and_datasets_metadata(local_run):
     assert meta["base_model"] == "me/tiny-target" and meta["base_model_relation"] == "adapter"
     assert meta["datasets"] == ["anon8231489123/ShareGPT_Vicuna_unfiltered"]
     assert 'AutoModelForCausalLM.from_pretrained("me/tiny-target")' in card
+    assert "# Domino draft for me/tiny-target\n" in card and str(local_run) not in card
     assert 'AutoModel.from_pretrained("me/tiny-domino", trust_remote_code=True)' in card
 
 

@@ -115,8 +115,11 @@ def _usage(repo: str, base_model: str | None, target_name: str | None) -> str:
                 f"target = AutoModelForCausalLM.from_pretrained(\"{base_model}\")\n"
                 f"tokenizer = AutoTokenizer.from_pretrained(\"{base_model}\")\n")
     else:
+        folder = local_folder_name(target_name)
+        what = ("the local folder this draft was trained with (or the target's Hub id)" if folder
+                else "the target this draft was trained with (folder or Hub id)")
         load = ("from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer\n\n"
-                f"TARGET = \"{target_name or 'TARGET'}\"  # the target this draft was trained with (folder or Hub id)\n"
+                f"TARGET = \"{folder or target_name or 'TARGET'}\"  # {what}\n"
                 "target = AutoModelForCausalLM.from_pretrained(TARGET)\n"
                 "tokenizer = AutoTokenizer.from_pretrained(TARGET)\n")
     return load + f"draft = AutoModel.from_pretrained(\"{repo}\", trust_remote_code=True{draft_options})\n" + _CHAT
@@ -131,11 +134,25 @@ def _target_section(target_name: str | None, base_model: str | None) -> tuple[st
                 "every output token stays exact (the target verifies each one), only the acceptance length τ may "
                 "differ.")
         return "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)", SMOLLM2_DESCRIPTION, text
-    name = base_model or target_name or "the target model"
-    text = f"Trained with `{target_name}`." if target_name else "The target it was trained with is not recorded."
+    folder = local_folder_name(target_name)
+    name = base_model or folder or target_name or "the target model"
+    if folder:
+        text = f"Trained with a target in a local folder, `{folder}`."
+    else:
+        text = f"Trained with `{target_name}`." if target_name else "The target it was trained with is not recorded."
     if base_model and target_name and base_model != target_name:
         text += f" Published as a draft for [{base_model}](https://huggingface.co/{base_model})."
     return name, name, text
+
+
+def local_folder_name(target_name: str | None) -> str | None:
+    """The last component of a target recorded as a local folder (its absolute path means nothing to the card's
+    reader and names the training machine's file system), else None."""
+    if not target_name or target_name == SMOLLM2_PACKAGED_NAME:
+        return None
+    if looks_like_local_path(target_name) or Path(target_name).exists():
+        return Path(target_name).name or target_name
+    return None
 
 
 def hub_base_model(config, base_model: str | None = None) -> str | None:
