@@ -1,9 +1,11 @@
 """Prompt records and the JSON files that hold them.
 
 A record file (JSONL, optionally gzipped, or a top-level JSON array such as a ShareGPT dump) is read into a
-`PromptSet` of `PromptRecord`s: an id plus the user turns. Malformed records are never used silently: they are
-skipped, counted in `PromptSet.skipped` and reported in a warning, so a typo in a data file shows up as a number
-instead of as a quietly smaller benchmark.
+`PromptSet` of `PromptRecord`s: an id plus the user turns. Malformed records (no readable turns, no usable id) are
+never used silently: they are skipped, counted in `PromptSet.skipped` and reported in a warning, so a typo in a data
+file shows up as a number instead of as a quietly smaller benchmark. A field the prompt does not need never costs a
+record: a `reference` that is not text (e.g. several acceptable answers per turn, a list of lists) stays in the
+record's `meta["reference"]`, said once per source in a warning.
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ class MalformedRecord(ValueError):
 
 @dataclass
 class PromptRecord:
-    """One prompt: `turns` are the user turns in order (most sources have one); `meta` keeps the rest."""
+    """One prompt: `turns` are the user turns in order (most sources have one); `reference` the source's answer when
+    it is a string or a list of strings (joined by blank lines); `meta` keeps the rest, a `reference` of any other
+    shape included (`meta["reference"]`)."""
 
     id: str
     turns: list[str]
@@ -96,12 +100,15 @@ def _chat_turns(messages: Any, role_key: str, text_key: str, meta: dict[str, Any
     return turns
 
 
-def _reference(value: Any) -> str | None:
+def _reference(value: Any, meta: dict[str, Any]) -> str | None:
+    """The text of a `reference` field. Any other shape is not needed for the prompt: it goes to `meta["reference"]`
+    as it is (reported by `collect_records`), never a skipped record."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         return "\n\n".join(value) if value else None
-    raise MalformedRecord("reference is neither a string nor a list of strings")
+    meta["reference"] = value
+    return None
 
 
 def parse_record(obj: Any, fallback_id: str) -> PromptRecord:
@@ -110,7 +117,7 @@ def parse_record(obj: Any, fallback_id: str) -> PromptRecord:
     Recognised shapes, first match wins: `turns` (list of user turns), `messages` (OpenAI style, user turns
     kept), `conversations` (ShareGPT, human turns kept), `prompt`, `question`, `instruction` (+ optional
     `input`). The id is `id` / `question_id` / `task_id`, else `fallback_id` (the line number). All other
-    keys land in `meta`.
+    keys land in `meta`, and so does a `reference` that is not text.
     """
     if not isinstance(obj, dict):
         raise MalformedRecord("record is not a JSON object")
@@ -136,7 +143,7 @@ def parse_record(obj: Any, fallback_id: str) -> PromptRecord:
     record_id = next((obj[k] for k in _ID_KEYS if obj.get(k) is not None), fallback_id)
     if not isinstance(record_id, (str, int)) or isinstance(record_id, bool):
         raise MalformedRecord("id is neither a string nor an integer")
-    reference = _reference(obj.get("reference"))
+    reference = _reference(obj.get("reference"), meta)
     meta.update((k, v) for k, v in obj.items() if k not in used and k not in _ID_KEYS and k != "reference")
     return PromptRecord(id=str(record_id), turns=turns, reference=reference, meta=meta)
 
@@ -162,6 +169,11 @@ def collect_records(items: Iterable[tuple[str, Any]], source: str, limit: int | 
             break
     if skipped:
         logger.warning("%s: skipped %d malformed record(s), kept %d", source, skipped, len(records))
+    unread = sum("reference" in record.meta for record in records)
+    if unread:
+        logger.warning("%s: %d record(s) have a `reference` that is neither a string nor a list of strings (e.g. a "
+                       "list of answers per turn); kept, with that field in meta['reference'] and no reference",
+                       source, unread)
     return PromptSet(records, skipped, source)
 
 

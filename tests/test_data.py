@@ -71,7 +71,6 @@ def test_malformed_records_are_skipped_and_counted(tmp_path, caplog):
         json.dumps({"messages": [{"role": "assistant", "content": "no user turn"}]}),
         json.dumps({"conversations": [{"from": "human", "value": ""}]}),
         json.dumps({"id": {"nested": 1}, "prompt": "bad id"}),
-        json.dumps({"prompt": "bad reference", "reference": 3}),
     ]
     path = _write_jsonl(tmp_path / "p.jsonl", GOOD_LINES[:2], raw_lines=["", *bad])
     with caplog.at_level(logging.WARNING, logger="domino_hf.prompt_records"):
@@ -79,6 +78,27 @@ def test_malformed_records_are_skipped_and_counted(tmp_path, caplog):
     assert [r.id for r in prompts] == ["a", "7"]
     assert prompts.skipped == len(bad)  # the blank line is not a record
     assert f"skipped {len(bad)} malformed" in caplog.text
+
+
+def test_a_reference_that_is_not_text_never_costs_a_prompt(tmp_path, caplog):
+    """A record of a speculative-decoding benchmark's retrieval category: two turns, several acceptable answers per
+    turn (a list of lists). The prompt needs no reference: the record is kept, the field is in its meta, and one
+    warning says what was ignored."""
+    answers = [["Paris", "paris, France"], ["1889"]]
+    rows = [{"question_id": i, "category": "retrieval", "turns": [f"q{i}", "and when?"], "reference": answers}
+            for i in range(3)] + [{"prompt": "odd", "reference": 3}, {"prompt": "text", "reference": "r"}]
+    path = _write_jsonl(tmp_path / "spec_bench.jsonl", rows)
+    with caplog.at_level(logging.WARNING, logger="domino_hf.prompt_records"):
+        prompts = read_prompts(str(path))
+    assert [r.id for r in prompts] == ["0", "1", "2", "4", "5"] and prompts.skipped == 0
+    first, odd, text = prompts.records[0], prompts.records[3], prompts.records[4]
+    assert first.turns == ["q0", "and when?"] and first.reference is None
+    assert first.meta == {"category": "retrieval", "reference": answers}
+    assert (odd.reference, odd.meta) == (None, {"reference": 3})
+    assert (text.reference, text.meta) == ("r", {})
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "4 record(s) have a `reference`" in warnings[0].getMessage()
+    assert "meta['reference']" in warnings[0].getMessage()
 
 
 def test_truncated_json_array_file(tmp_path):
