@@ -64,8 +64,9 @@ class DominoLM(HFLM):
         draft_dtype (`str`, *optional*): the draft's dtype (default: the target's).
         prompt_lookup_num_tokens (`int`, *optional*): the draft's context-lookup span (0: the Domino block only).
         use_suffix_cache (`bool`, *optional*): draft from the suffix cache of earlier generations (default: the
-            draft's setting, on). An evaluation run's requests share their few-shot preamble and answer format, so
-            the draft's own store fills with them as the run goes; scores are unchanged either way.
+            draft's setting; unset, on for greedy requests and off for sampled ones). An evaluation run's requests
+            share their few-shot preamble and answer format, so the draft's own store fills with them as the run
+            goes; scores are unchanged either way.
         optimize_cpu (`bool`, defaults to `True`): on CPU, pack target and draft weights with `optimize_for_cpu`
             (as `domino bench` does); `False` keeps transformers' stock kernels.
         dtype (`str`, defaults to `"float32"` on CPU, else `"auto"`): the target's dtype; fp32 keeps CPU greedy

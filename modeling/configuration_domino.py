@@ -334,12 +334,16 @@ class DraftingSettings:
             choices may differ between runs.
         cut_lookup_spans (`bool`, defaults to `False`): send only the prefix of a context-lookup span with the most
             expected tokens per unit of verify cost (`SourceChooser.span_length`) instead of the whole span.
-        use_suffix_cache (`bool`, defaults to `True`): also draft from a store of earlier generations (a
+        use_suffix_cache (`bool` or `None`, defaults to `None`): also draft from a store of earlier generations (a
             `SuffixCache`: the prompts and outputs of earlier `generate` calls with this draft, and any documents
             added to it): the continuation most often seen after the longest match of the sequence's last tokens,
             sent when it is expected to beat the block and the context span. The store is the draft's own
             (`draft.suffix_cache`) unless the call passes one (`generate(..., suffix_cache=store)`); the call's
-            prompt and output are added when it returns. `False` = drafting as without a cache, and nothing added.
+            prompt and output are added when it returns. `None` = on when decoding greedily, off when sampling
+            (a sampling call then drafts as without a cache and adds nothing, so seeded sampling repeats itself
+            call after call; at T = 0.7 the cache gained nothing); `True` = on for sampling too (exact, but a
+            seeded call then depends on what earlier calls stored); `False` = drafting as without a cache, and
+            nothing added.
         suffix_cache_max_span (`int`, defaults to 24): the longest span taken from the suffix cache; the span
             sent is the prefix with the most expected tokens per unit of verify cost under the history of cache
             spans with a match as long.
@@ -358,7 +362,7 @@ class DraftingSettings:
     draft_backoff: bool = True
     measure_verify_cost: bool = False
     cut_lookup_spans: bool = False
-    use_suffix_cache: bool = True
+    use_suffix_cache: bool | None = None
     suffix_cache_max_span: int = 24
     suffix_cache_size: int = 1_000_000
 
@@ -380,7 +384,8 @@ _DRAFTING_RULES = {
     "draft_backoff": _BOOL,
     "measure_verify_cost": _BOOL,
     "cut_lookup_spans": _BOOL,
-    "use_suffix_cache": _BOOL,
+    "use_suffix_cache": (lambda v: v is None or isinstance(v, bool), "None (on when decoding greedily, off when "
+                         "sampling), True or False"),
     "suffix_cache_max_span": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "suffix_cache_size": (lambda v: _is_int(v) and v >= 64, "an integer >= 64 (tokens)"),
 }

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
 from conftest import assert_drafted, make_tiny_draft
 from transformers import pipeline
 
@@ -58,3 +61,20 @@ def test_suffix_cache_keywords_reach_generate(setup):
         assert pipe(PROMPT, assistant_model=draft, use_suffix_cache=True, suffix_cache=store, **GREEDY) == reference
     assert store.num_sequences_added == 2 and "cache" in draft.last_generation_stats.sources
 
+
+
+def test_seeded_sampling_through_the_pipeline_repeats_itself(setup):
+    """The text-generation pipeline samples when the target's generation config says `do_sample` (as SmolLM2's
+    may): with the shipped drafting defaults the same seed gives the same text call after call, though the draft
+    keeps a suffix cache of earlier calls (a sampling call neither reads nor fills it unless asked)."""
+    target, tokenizer, draft, _ = setup
+    target, draft = copy.deepcopy(target), copy.deepcopy(draft)
+    del draft.generation_config.use_suffix_cache  # the shipped default
+    target.generation_config.do_sample = True
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)
+    texts = []
+    for seed in (0, 0, 0, 1):
+        torch.manual_seed(seed)
+        texts.append(pipe(PROMPT, max_new_tokens=16, return_full_text=False))
+        assert_drafted(draft.last_generation_stats)
+    assert texts[0] == texts[1] == texts[2] != texts[3]  # it samples, and repeats itself under one seed

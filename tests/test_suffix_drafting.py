@@ -87,6 +87,30 @@ def test_the_drafts_own_store_is_the_default_and_on_by_default():
     assert store.num_sequences_added == 1
 
 
+def test_seeded_sampling_repeats_itself_call_after_call(fitted_pair):
+    """Unset (the shipped default), `use_suffix_cache` is on for greedy calls only: a sampling call neither reads
+    nor fills the draft's store, so the same seed gives the same tokens call after call. `use_suffix_cache=True`
+    reads the store when sampling too (exact: `test_sampling_with_the_cache_chosen_is_exact`)."""
+    target, draft, _ = fitted_pair("llama", vocab_size=32)
+    del draft.generation_config.use_suffix_cache  # the shipped default
+    ids = question(32, 8)
+    generate(target, draft, ids)  # an earlier greedy call: its answer is in the store
+    runs, sources = [], []
+    for _ in range(3):
+        torch.manual_seed(0)
+        runs.append(target.generate(ids, do_sample=True, temperature=0.7, max_new_tokens=24, assistant_model=draft))
+        sources += draft.last_generation_stats.sources
+    assert runs[0].tolist() == runs[1].tolist() == runs[2].tolist()
+    assert "cache" not in sources
+    assert draft.suffix_cache.num_sequences_added == 1  # the greedy call only
+    generate(target, draft, ids)
+    assert "cache" in draft.last_generation_stats.sources and draft.suffix_cache.num_sequences_added == 2
+    torch.manual_seed(0)
+    target.generate(ids, do_sample=True, temperature=0.7, max_new_tokens=24, assistant_model=draft,
+                    use_suffix_cache=True)
+    assert "cache" in draft.last_generation_stats.sources and draft.suffix_cache.num_sequences_added == 3
+
+
 def test_generate_keywords_and_config_fields(fitted_pair, tmp_path):
     from transformers import GenerationConfig
 

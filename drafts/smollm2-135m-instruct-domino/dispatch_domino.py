@@ -146,9 +146,14 @@ def make_candidate_generator(draft, target, generation_config, logits_processor,
 
 
 def resolve_suffix_cache(draft, generation_config, settings):
-    """The suffix cache of one call: none with `use_suffix_cache=False`, else the call's own
-    (`generate(..., suffix_cache=store)`), else the draft's (`draft.suffix_cache`)."""
-    if not settings.use_suffix_cache:
+    """The suffix cache of one call: none with `use_suffix_cache=False`, or with it unset (None) when the call
+    samples; else the call's own (`generate(..., suffix_cache=store)`), else the draft's (`draft.suffix_cache`).
+    A call without a cache neither reads nor adds, so seeded sampling gives the same tokens call after call;
+    `use_suffix_cache=True` reads the store when sampling too (exact, but each call then depends on the last)."""
+    use = settings.use_suffix_cache
+    if use is None:
+        use = not generation_config.do_sample
+    if not use:
         return None
     cache = vars(generation_config).get("suffix_cache")
     if cache is None:
