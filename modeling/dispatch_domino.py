@@ -24,7 +24,13 @@ import logging
 import torch
 import transformers
 
-from .configuration_domino import DRAFTING_FIELDS, DraftingSettings, draft_level_settings
+from .configuration_domino import (
+    CALL_FIELDS,
+    DRAFTING_FIELDS,
+    DraftingSettings,
+    check_call_setting,
+    draft_level_settings,
+)
 from .generation_domino import DominoCandidateGenerator, DominoGenerationStats
 from .suffix_domino import is_suffix_cache
 from .target_domino import check_draft_fits_target
@@ -87,20 +93,26 @@ def resolve_drafting_settings(draft, generation_config) -> DraftingSettings:
       cannot be told from an unset one, and the draft's threshold applies then.
     * `prompt_lookup_num_tokens` is `context_lookup_tokens` (0 turns the lookup off); `max_matching_ngram_size`
       is `context_lookup_ngram`.
+    Every call value is checked first, under the name the caller wrote (`check_call_setting`): a value out of
+    range (`num_assistant_tokens=0`, `prompt_lookup_num_tokens=-1`, `num_assistant_tokens=2.5`…) is refused, never
+    clamped, rounded or read as unset. None leaves a transformers field unset.
     """
     values = draft_level_settings(getattr(draft, "generation_config", None), draft.config)
-    values.update({name: vars(generation_config)[name] for name in DRAFTING_FIELDS if name in vars(generation_config)})
+    call = {name: vars(generation_config)[name] for name in DRAFTING_FIELDS if name in vars(generation_config)}
+    for name, value in [*call.items(), *((name, getattr(generation_config, name, None)) for name in CALL_FIELDS)]:
+        check_call_setting(name, value)
+    values.update(call)
     threshold = generation_config.assistant_confidence_threshold
     if threshold is not None and threshold != _stock_defaults(generation_config).get("assistant_confidence_threshold"):
         values["draft_confidence_threshold"] = threshold
     if generation_config.prompt_lookup_num_tokens is not None:
-        values["context_lookup_tokens"] = max(int(generation_config.prompt_lookup_num_tokens), 0)
-    if generation_config.max_matching_ngram_size:
-        values["context_lookup_ngram"] = int(generation_config.max_matching_ngram_size)
-    if generation_config.num_assistant_tokens:
-        caps = [int(generation_config.num_assistant_tokens), values["max_draft_tokens"]]
+        values["context_lookup_tokens"] = generation_config.prompt_lookup_num_tokens
+    if generation_config.max_matching_ngram_size is not None:
+        values["context_lookup_ngram"] = generation_config.max_matching_ngram_size
+    if generation_config.num_assistant_tokens is not None:
+        caps = [generation_config.num_assistant_tokens, values["max_draft_tokens"]]
         values["max_draft_tokens"] = min(cap for cap in caps if cap is not None)
-    if generation_config.num_assistant_tokens_schedule:
+    if generation_config.num_assistant_tokens_schedule is not None:
         values["num_assistant_tokens_schedule"] = generation_config.num_assistant_tokens_schedule
     return DraftingSettings(**values)
 

@@ -167,6 +167,67 @@ def test_bad_values_are_named_wherever_they_come_from(tmp_path):
                         generation_config=GenerationConfig(max_draft_tokens=0))
 
 
+# Per-call values that were once clamped, rounded, read as unset or named after the setting they map to.
+BAD_PER_CALL = [
+    ("num_assistant_tokens", 0, "an integer >= 1"),
+    ("num_assistant_tokens", -1, "an integer >= 1"),
+    ("num_assistant_tokens", 2.5, "an integer >= 1"),
+    ("num_assistant_tokens_schedule", "fast", "one of"),
+    ("assistant_confidence_threshold", 1.5, r"a probability in \[0, 1\]"),
+    ("assistant_confidence_threshold", -0.1, r"a probability in \[0, 1\]"),
+    ("prompt_lookup_num_tokens", -1, "an integer >= 0"),
+    ("prompt_lookup_num_tokens", 2.5, "an integer >= 0"),
+    ("max_matching_ngram_size", 0, "an integer >= 1"),
+    ("max_matching_ngram_size", 1.5, "an integer >= 1"),
+    ("draft_confidence_threshold", 2, r"a probability in \[0, 1\]"),
+    ("max_draft_tokens", 2.5, r"None \(no cap\) or an integer >= 1"),
+    ("context_lookup_tokens", -1, "an integer >= 0"),
+    ("context_lookup_ngram", 0, "an integer >= 1"),
+    ("draft_backoff", "no", "True or False"),
+    ("measure_verify_cost", 1, "True or False"),
+    ("cut_lookup_spans", None, "True or False"),
+    ("use_suffix_cache", "yes", r"None \(on when decoding greedily, off when sampling\), True or False"),
+    ("suffix_cache_max_span", 0, "an integer >= 1"),
+    ("suffix_cache_size", 10, "an integer >= 64"),
+]
+
+
+def test_every_per_call_setting_has_a_bad_case():
+    from domino_hf.modeling.configuration_domino import CALL_FIELDS
+
+    assert {name for name, _, _ in BAD_PER_CALL} == set(CALL_FIELDS) | set(DRAFTING_FIELDS)
+
+
+@pytest.mark.parametrize("how", ["keyword", "generation_config"])
+@pytest.mark.parametrize("name, value, allowed", BAD_PER_CALL, ids=[f"{n}={v!r}" for n, v, _ in BAD_PER_CALL])
+def test_bad_per_call_values_are_refused_under_their_own_name(name, value, allowed, how):
+    """A bad value given to `generate` (or on its GenerationConfig) is refused in one line naming the setting as
+    the caller wrote it and its range, before anything is generated."""
+    target = make_tiny_target("llama")
+    draft = make_tiny_draft(target)
+    ids = tiny_prompts(1)[0]
+    call = {name: value} if how == "keyword" else {"generation_config": GenerationConfig(**{name: value})}
+    with pytest.raises(DominoConfigError, match=rf"^{name} must be {allowed}.*, got {value!r} \(a generate\(\) "
+                       r"keyword or a GenerationConfig field\)\.$") as error:
+        target.generate(ids, max_new_tokens=4, assistant_model=draft, **call)
+    assert "\n" not in str(error.value)
+
+
+def test_transformers_defaults_and_good_per_call_values_still_work(fitted_pair):
+    """The defaults `generate` fills in (num_assistant_tokens 20, schedule "constant", threshold 0.4) and values at
+    the edges of each range are taken as they are."""
+    target, draft, prompts = fitted_pair("llama")
+    for call in ({}, dict(num_assistant_tokens=1, prompt_lookup_num_tokens=0, max_matching_ngram_size=1,
+                          assistant_confidence_threshold=0.0, num_assistant_tokens_schedule="heuristic"),
+                 dict(assistant_confidence_threshold=1, use_suffix_cache=None, max_draft_tokens=None)):
+        reference = target.generate(prompts[0], do_sample=False, max_new_tokens=12)
+        output = target.generate(prompts[0], do_sample=False, max_new_tokens=12, assistant_model=draft, **call)
+        assert output.tolist() == reference.tolist()
+    resolved = resolve_drafting_settings(draft, GenerationConfig(num_assistant_tokens=1, prompt_lookup_num_tokens=0,
+                                                                 max_matching_ngram_size=1))
+    assert (resolved.max_draft_tokens, resolved.context_lookup_tokens, resolved.context_lookup_ngram) == (1, 0, 1)
+
+
 def test_new_folders_keep_the_architecture_apart(tmp_path):
     """`config.json` holds the architecture; `generation_config.json` every drafting setting. Keys a config
     still carries (a draft built from an older config file) move there on save, and the draft in memory is

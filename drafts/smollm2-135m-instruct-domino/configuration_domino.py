@@ -391,6 +391,30 @@ _DRAFTING_RULES = {
 }
 # The settings a draft may carry as its own defaults (its generation_config.json); the schedule is per call only.
 DRAFTING_FIELDS = tuple(item.name for item in fields(DraftingSettings) if item.name != "num_assistant_tokens_schedule")
+# transformers' own assisted-decoding fields that a Domino draft reads per call (`resolve_drafting_settings` maps
+# them onto `DraftingSettings`), each checked under its own name before it is mapped: never quietly reinterpreted.
+_CALL_RULES = {
+    "num_assistant_tokens": (lambda v: _is_int(v) and v >= 1, "an integer >= 1 (the most tokens a step proposes; to "
+                             "decode without drafting, drop assistant_model)"),
+    "num_assistant_tokens_schedule": _DRAFTING_RULES["num_assistant_tokens_schedule"],
+    "assistant_confidence_threshold": _DRAFTING_RULES["draft_confidence_threshold"],
+    "prompt_lookup_num_tokens": (lambda v: _is_int(v) and v >= 0, "an integer >= 0 (0 = Domino blocks only)"),
+    "max_matching_ngram_size": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
+}
+CALL_FIELDS = tuple(_CALL_RULES)
+
+
+def check_call_setting(name, value) -> None:
+    """Refuse a drafting setting of one `generate` call (a `CALL_FIELDS` or `DRAFTING_FIELDS` name, passed to
+    `generate` or set on a `GenerationConfig`) that is out of range, naming it as the caller wrote it. None leaves
+    a `CALL_FIELDS` setting unset."""
+    if value is None and name in _CALL_RULES:
+        return
+    allowed, description = _CALL_RULES.get(name) or _DRAFTING_RULES[name]
+    if not allowed(value):
+        raise DominoConfigError(
+            f"{name} must be {description}, got {value!r} (a generate() keyword or a GenerationConfig field)."
+        )
 
 
 def draft_level_settings(generation_config, config) -> dict:
