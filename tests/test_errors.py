@@ -190,6 +190,30 @@ def test_uninstall_restores_the_stock_methods(pair, caplog):
     assert_drafted(stats)
 
 
+@pytest.mark.parametrize("logits_to_keep", [True, False], ids=["target_takes_logits_to_keep", "target_does_not"])
+def test_a_domino_draft_after_uninstall_names_the_fix(pair, monkeypatch, logits_to_keep):
+    """Without the dispatch, stock transformers takes the draft for an ordinary assistant model: the first thing it
+    calls on the draft (`_supports_logits_to_keep`, or `generate` for a target that takes no `logits_to_keep`)
+    says the dispatch is uninstalled and how to reinstall it, instead of an AttributeError from deep inside."""
+    from domino_hf import uninstall_generate_hook
+
+    target, draft, ids = pair
+    if not logits_to_keep:
+        monkeypatch.setattr(target, "_supports_logits_to_keep", lambda: False)
+    try:
+        uninstall_generate_hook()
+        with pytest.raises(RuntimeError, match=r"^A Domino draft was passed to generate, but the generate dispatch is "
+                           r"uninstalled .*reinstall it with domino_hf\.install_generate_hook\(\)") as error:
+            target.generate(ids, max_new_tokens=4, assistant_model=draft)
+        assert "\n" not in str(error.value)
+    finally:
+        install_generate_hook()
+    with pytest.raises(TypeError, match="does not generate on its own.*assistant_model=draft"):
+        draft.generate(ids)
+    _, stats = greedy_both(target, draft, ids, max_new_tokens=12)
+    assert_drafted(stats)
+
+
 def test_stopping_criteria_are_found_by_name_or_position(pair, monkeypatch):
     """The dispatch binds `_assisted_decoding`'s arguments by signature, not by position."""
     import inspect

@@ -286,6 +286,23 @@ _PATCHED = ("_prepare_generation_config", "_validate_generation_mode", "_get_can
 _ORIGINALS_ATTR = "_domino_original_methods"
 
 
+def is_generate_hook_installed() -> bool:
+    """Whether the dispatch is installed (by this copy of the module or another: domino_hf's, a checkpoint's)."""
+    from transformers.generation.utils import GenerationMixin
+
+    return bool(getattr(GenerationMixin, _ORIGINALS_ATTR, None))
+
+
+def check_generate_hook_installed() -> None:
+    """Raise the fix when a Domino draft reaches stock transformers because the dispatch was uninstalled."""
+    if not is_generate_hook_installed():
+        raise RuntimeError(
+            "A Domino draft was passed to generate, but the generate dispatch is uninstalled "
+            "(uninstall_generate_hook()), so transformers would run it as an ordinary assistant model: reinstall it "
+            "with domino_hf.install_generate_hook() (or install_generate_hook() of the draft's dispatch_domino)."
+        )
+
+
 def is_supported_transformers(version: str) -> bool:
     return MIN_TRANSFORMERS <= _release(version) < MAX_TRANSFORMERS
 

@@ -25,7 +25,11 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutput
 
 from .configuration_domino import DRAFTING_FIELDS, DominoConfig, _check_field, draft_level_settings
-from .dispatch_domino import check_transformers_version, install_generate_hook_if_supported
+from .dispatch_domino import (
+    check_generate_hook_installed,
+    check_transformers_version,
+    install_generate_hook_if_supported,
+)
 from .suffix_domino import SuffixCache, is_suffix_cache
 
 logger = logging.getLogger(__name__)
@@ -224,6 +228,21 @@ class DominoDraftModel(DominoPreTrainedModel):
         if not is_suffix_cache(cache):
             raise TypeError(f"draft.suffix_cache takes a SuffixCache, got {type(cache).__name__}.")
         _DRAFT_SUFFIX_CACHES[self] = cache
+
+    # ---------------------------------------------------------------- what stock assisted decoding calls
+    # Without the dispatch (after `uninstall_generate_hook()`) transformers takes the draft for an ordinary
+    # assistant model and calls these first (`_supports_logits_to_keep` when building its candidate generator,
+    # `generate` for every candidate): they raise the fix instead of an AttributeError from deep inside.
+    def _supports_logits_to_keep(self) -> bool:
+        check_generate_hook_installed()
+        return False
+
+    def generate(self, *args, **kwargs):
+        check_generate_hook_installed()
+        raise TypeError(
+            "A Domino draft does not generate on its own: it drafts for its target, "
+            "`target.generate(**inputs, assistant_model=draft)`."
+        )
 
     # ----------------------------------------------------------------------------------------- backbone
     @property
