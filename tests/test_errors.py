@@ -214,6 +214,28 @@ def test_a_domino_draft_after_uninstall_names_the_fix(pair, monkeypatch, logits_
     assert_drafted(stats)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_half_precision_target_on_cpu_is_warned_about_once(dtype, caplog):
+    """bf16 and fp16 CPU kernels round a several-token verify forward differently from one-token steps, so the
+    output may differ from the target's own: the first call with such a target says so, once, naming fp32."""
+    import logging
+
+    target = make_tiny_target("llama").to(dtype)
+    draft = make_tiny_draft(target)
+    ids = tiny_prompts(1)[0]
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2):
+            target.generate(ids, do_sample=False, max_new_tokens=8, assistant_model=draft)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "Domino" in r.getMessage()]
+    assert len(warnings) == 1
+    assert str(dtype) in warnings[0].getMessage() and "dtype=torch.float32" in warnings[0].getMessage()
+    caplog.clear()
+    exact = make_tiny_target("llama")
+    with caplog.at_level(logging.WARNING):
+        exact.generate(ids, do_sample=False, max_new_tokens=8, assistant_model=make_tiny_draft(exact))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_stopping_criteria_are_found_by_name_or_position(pair, monkeypatch):
     """The dispatch binds `_assisted_decoding`'s arguments by signature, not by position."""
     import inspect
