@@ -6,6 +6,11 @@ from dataclasses import dataclass, fields
 from transformers import PretrainedConfig
 
 
+# The target layers a config without `target_layer_ids` reads: the published Qwen3 drafts' (36 layers).
+DEFAULT_NUM_TARGET_LAYERS = 36
+DEFAULT_TARGET_LAYER_IDS = (1, 9, 17, 25, 33)
+
+
 class DominoConfig(PretrainedConfig):
     r"""
     Configuration of a [`DominoDraftModel`]: a DFlash parallel drafting backbone fed with hidden states of a
@@ -74,7 +79,7 @@ class DominoConfig(PretrainedConfig):
         max_position_embeddings=40960,
         attention_bias=False,
         target_layer_ids=None,
-        num_target_layers=36,
+        num_target_layers=DEFAULT_NUM_TARGET_LAYERS,
         target_hidden_size=None,
         block_size=16,
         mask_token_id=151669,
@@ -124,7 +129,8 @@ class DominoConfig(PretrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.attention_bias = attention_bias
         self.num_target_layers = num_target_layers
-        self.target_layer_ids = list(target_layer_ids) if target_layer_ids is not None else [1, 9, 17, 25, 33]
+        ids_given = target_layer_ids is not None  # a saved config omits them when they equal the default
+        self.target_layer_ids = list(target_layer_ids) if ids_given else list(DEFAULT_TARGET_LAYER_IDS)
         self.target_hidden_size = target_hidden_size if target_hidden_size is not None else hidden_size
         self.block_size = block_size
         self.mask_token_id = mask_token_id
@@ -143,7 +149,7 @@ class DominoConfig(PretrainedConfig):
         self.bos_token_id = bos_token_id
         self.eos_token_id = eos_token_id
         self.pad_token_id = pad_token_id
-        self._check_all()  # before 🤗's own checks, which only warn about a bad token id
+        self._check_all(ids_given)  # before 🤗's own checks, which only warn about a bad token id
         kwargs.setdefault("tie_word_embeddings", False)
         super().__init__(**kwargs)
         self._checked = True  # from now on, __setattr__ checks every field that is set
@@ -159,12 +165,19 @@ class DominoConfig(PretrainedConfig):
             _check_field(key, value)
         super().__setattr__(key, value)
 
-    def _check_all(self) -> None:
+    def _check_all(self, ids_given: bool = True) -> None:
         for name in _FIELD_RULES:
             _check_field(name, getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             _fail("num_attention_heads", self.num_attention_heads,
                   f"a multiple of num_key_value_heads ({self.num_key_value_heads})")
+        if not ids_given and any(i >= self.num_target_layers for i in self.target_layer_ids):
+            raise DominoConfigError(
+                f"DominoConfig.target_layer_ids is missing: the target layers whose hidden states the draft reads "
+                f"(the default is for a {DEFAULT_NUM_TARGET_LAYERS}-layer target, this config has num_target_layers="
+                f"{self.num_target_layers}). Add to config.json the ids the draft was trained with (a new draft: "
+                f"`DominoConfig.for_target(target.config)` spreads them over the target's layers)."
+            )
         if any(i >= self.num_target_layers for i in self.target_layer_ids):
             _fail("target_layer_ids", self.target_layer_ids,
                   f"layer ids below num_target_layers ({self.num_target_layers})")

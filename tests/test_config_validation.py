@@ -80,6 +80,20 @@ def test_a_draft_folder_with_a_bad_value_does_not_load(tmp_path):
         AutoModel.from_pretrained(tmp_path)
 
 
+def test_a_config_json_without_target_layer_ids_says_the_key_is_missing(tmp_path):
+    """The error names the missing key and the fix, not default ids the file never held."""
+    target = make_tiny_target("llama")  # 6 layers: the default ids (for 36) do not fit
+    DominoDraftModel.from_target(target, block_size=4, gru_hidden_dim=8, correction_rank=8).save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["target_layer_ids"]
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    for load in (DominoDraftModel.from_pretrained, AutoModel.from_pretrained):
+        with pytest.raises(DominoConfigError, match=r"DominoConfig\.target_layer_ids is missing: the target layers "
+                           r".*num_target_layers=6\)\. Add to config\.json") as error:
+            load(tmp_path)
+        assert "[1, 9, 17, 25, 33]" not in str(error.value) and "\n" not in str(error.value)
+
+
 def test_setting_a_bad_value_later_raises_and_keeps_the_old_one():
     """Drafting keys on a config (the layout of checkpoints saved before they moved to generation_config.json)
     are still checked when set, as the architecture fields are."""
