@@ -211,6 +211,58 @@ def _candidate_generator(draft, **arguments):
     return generation.DominoCandidateGenerator(draft=draft, **arguments)
 
 
+def decode_batch(draft, target, arguments: dict):
+    """`generate` with a batch of prompts (B ≥ 2) and a Domino draft: the batched verify loop
+    (`DominoBatchDecoder`), with the call's settings resolved as for batch size 1. `arguments` are
+    `_assisted_decoding`'s. Returns what plain batched `generate` returns: the padded sequences, or a
+    `GenerateDecoderOnlyOutput` holding them with `return_dict_in_generate`."""
+    from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+    from .batch_domino import DominoBatchDecoder
+
+    config = arguments["generation_config"]
+    asked = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+             if getattr(config, name, False)]
+    if asked and config.return_dict_in_generate:
+        raise ValueError(
+            f"{', '.join(asked)} with a Domino draft and a batch of prompts: the batched verify loop returns the "
+            "sequences only (rows advance at different speeds, so there is no per-step tensor for the batch). Drop "
+            f"{', '.join(asked)}, or generate one prompt at a time."
+        )
+    if arguments.get("synced_gpus"):
+        raise ValueError("synced_gpus with a Domino draft and a batch of prompts is not supported: generate without "
+                         "synced_gpus, or one prompt at a time.")
+    model_kwargs = arguments.get("model_kwargs") or {}
+    stats = DominoGenerationStats()
+    settings = resolve_drafting_settings(draft, config)
+    decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
+                                 arguments.get("stopping_criteria"), settings, stats)
+    draft.last_generation_stats = stats
+    streamer = arguments.get("streamer")
+    if streamer is not None:
+        streamer.put(arguments["input_ids"].cpu())
+    sequences = decoder.decode(arguments["input_ids"], model_kwargs.get("attention_mask"), streamer)
+    if streamer is not None:
+        streamer.end()
+    suffix_cache = resolve_suffix_cache(draft, config, settings)
+    if suffix_cache is not None:
+        for row in decoder.outputs():
+            suffix_cache.add(row)
+    return GenerateDecoderOnlyOutput(sequences=sequences) if config.return_dict_in_generate else sequences
+
+
+def _batch_decoder(draft, target, arguments: dict):
+    """The batched verify loop shipped beside the draft's class; remote code from before it refuses a batch."""
+    module = _draft_dispatch(draft)
+    if module is not None and not hasattr(module, "decode_batch"):
+        raise ValueError(
+            f"This Domino draft's remote code ({module.__file__}) decodes one prompt at a time, and the inputs hold "
+            f"{arguments['input_ids'].shape[0]}: load the draft with domino-hf's own class "
+            "(`domino_hf.DominoDraftModel.from_pretrained(path)`), or generate one prompt at a time."
+        )
+    return (module.decode_batch if module is not None else decode_batch)(draft, target, arguments)
+
+
 def _looks_like_domino_checkpoint(model) -> bool:
     """A Domino/DFlash draft checkpoint loaded as a plain model (i.e. without `trust_remote_code`)."""
     config = getattr(model, "config", None)
@@ -432,6 +484,8 @@ def install_generate_hook() -> None:
         bound = assisted_signature.bind_partial(self, *args, **kwargs).arguments
         if is_domino_draft(bound.get("assistant_model")):
             check_cache_supported(user_cache(bound.get("model_kwargs") or kwargs))
+            if bound["input_ids"].shape[0] > 1:  # a batch: the Domino verify loop, not transformers' (batch 1 only)
+                return _batch_decoder(bound["assistant_model"], self, bound)
         token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))
         built = []
         generators = _GENERATORS.set(built)

@@ -47,6 +47,8 @@ REMOTE_CODE_FILES = (
     "generation_domino.py",
     "dispatch_domino.py",
     "suffix_domino.py",
+    "batch_domino.py",
+    "ragged_domino.py",
 )
 
 

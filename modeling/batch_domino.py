@@ -1,0 +1,498 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""The batched verify loop: exact Domino speculative decoding of B ≥ 2 prompts at once.
+
+Remote-code file (torch + transformers only). transformers' `_assisted_decoding` verifies one sequence; the
+dispatch (`dispatch_domino.py`) sends a Domino draft with a batch of prompts here instead. One step:
+
+    live rows' anchors + their new context ──► one draft forward (every row's block) ──► head rollout, per row
+    the draft's per-slot confidence ──► one proposal length q for the step (expected tokens per second of the
+        whole batch under the measured cost of a forward over rows × q tokens; q = 1 is a plain batched step)
+    one target forward over (rows, q) with a per-row mask (`ragged_domino.py`) ──► per row: exact match (greedy)
+        or speculative sampling ──► each row keeps its accepted tokens and the target's bonus token
+    rows that reach EOS, `max_new_tokens` or a stop string leave the batch (their cache rows are dropped)
+
+Rows accept different numbers of tokens: each keeps its own positions and its own cache entries
+(`RaggedCache`), so nothing is realigned or padded step after step. Stopping criteria other than EOS, length and
+stop strings (lm-eval's, a user's) are asked exactly as plain decoding asks them: over the whole batch, one
+token column at a time, once every row has that column (`_replay`). Every choice (whether the draft runs, q) is
+made from the draft's distributions and past timings, never from a token drawn for the step: sampling is exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from transformers.generation.logits_process import LogitsProcessorList
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StopStringCriteria,
+)
+
+from .hybrid_domino import VerifyCost
+from .ragged_domino import (
+    RaggedCache,
+    RaggedContextCache,
+    attention_masks,
+    check_attention_supported,
+    context_mask,
+    verify_mask,
+)
+from .target_domino import (
+    DominoHeadTables,
+    DominoTargetHead,
+    block_position_ids,
+    context_features,
+    draft_slots,
+    hidden_state_indices,
+)
+
+logger = logging.getLogger(__name__)
+
+# Logits warpers that read no token ids: applied to every row and slot in one call.
+_ROW_FREE_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper", "MinPLogitsWarper",
+                        "TypicalLogitsWarper", "EpsilonLogitsWarper", "EtaLogitsWarper")
+# Stopping criteria that judge each row from its own tokens: checked per row, right after the row's tokens.
+_ROW_CRITERIA = (StopStringCriteria,)
+
+
+class BatchBackoff:
+    """Whether to run the draft this step: while the last drafted steps predicted fewer tokens per second than
+    plain batched steps (draft time included), skip it, probing after 1, 2, 4 … (at most `max_skip`) plain steps.
+    Decided from past steps only."""
+
+    def __init__(self, max_skip: int = 16):
+        self.max_skip, self.skip, self.left = max_skip, 0, 0
+
+    def should_draft(self) -> bool:
+        if self.left > 0:
+            self.left -= 1
+            return False
+        return True
+
+    def update(self, pays: bool) -> None:
+        if pays:
+            self.skip = self.left = 0
+        else:
+            self.skip = min(max(1, 2 * self.skip), self.max_skip)
+            self.left = self.skip
+
+
+class DominoBatchDecoder:
+    """Decodes a left-padded batch with a Domino draft, each row exactly as plain decoding decodes it.
+
+    Args:
+        draft ([`DominoDraftModel`]): the draft.
+        target (`PreTrainedModel`): the target; its attention must take explicit 4D masks (eager or SDPA).
+        generation_config (`GenerationConfig`): the call's config (max length, sampling, eos and pad ids).
+        logits_processor (`LogitsProcessorList` or `None`): the target's processors (applied to the draft's logits
+            too, as its q when sampling).
+        stopping_criteria (`StoppingCriteriaList` or `None`): the call's criteria.
+        settings ([`DraftingSettings`]): the call's drafting policy (`max_draft_tokens`, `draft_backoff`,
+            `measure_verify_cost` are read).
+        stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
+    """
+
+    def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats):
+        check_attention_supported(target)
+        self.draft, self.target, self.config = draft, target, draft.config
+        self.head = DominoTargetHead.cached(draft, target)
+        self.tables = DominoHeadTables.cached(draft, target, self.head) if draft.has_domino_head else None
+        self.generation_config = generation_config
+        self.do_sample = bool(generation_config.do_sample)
+        self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
+        self.row_free = all(type(p).__name__ in _ROW_FREE_PROCESSORS for p in self.processors)
+        criteria = list(stopping_criteria or [])
+        self.row_criteria = [c for c in criteria if isinstance(c, _ROW_CRITERIA)]
+        self.max_time = [c for c in criteria if isinstance(c, MaxTimeCriteria)]
+        self.batch_criteria = [c for c in criteria if not isinstance(
+            c, (*_ROW_CRITERIA, MaxTimeCriteria, MaxLengthCriteria, EosTokenCriteria))]
+        eos = generation_config._eos_token_tensor
+        self.eos = None if eos is None else eos.reshape(-1)
+        self.eos_ids = set() if eos is None else set(self.eos.tolist())
+        # Plain decoding writes pad tokens after a row's end only when it has an EOS criterion; without one a
+        # stopped row keeps generating until the whole batch stops, and so it does here.
+        self.pad_finished = self.eos is not None
+        pad = generation_config._pad_token_tensor
+        self.pad_id = int(pad) if pad is not None else (int(self.eos[0]) if self.eos is not None else 0)
+        self.layer_ids = self.config.target_layer_ids
+        self.wanted = hidden_state_indices(self.layer_ids)
+        cap = settings.max_draft_tokens
+        self.n_draft = self.config.num_draft_tokens if cap is None else min(cap, self.config.num_draft_tokens)
+        self.cost = VerifyCost.for_device(target.device, measure=True)
+        self.backoff = BatchBackoff() if settings.draft_backoff else None
+        self.realised = self.predicted = 1.0  # calibration of the draft's confidence (pseudo-counts)
+        self.draft_seconds: float | None = None
+        self.stats = stats
+
+    # ------------------------------------------------------------------------------------------ the loop
+    @torch.no_grad()
+    def decode(self, input_ids: torch.LongTensor, attention_mask: torch.Tensor | None, streamer=None):
+        """(B, L) left-padded prompts (and their (B, L) mask) -> (B, L + T) sequences, padded as plain decoding
+        pads them."""
+        device = input_ids.device
+        batch, width = input_ids.shape
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if bool((attention_mask[:, -1] == 0).any()):
+            raise ValueError("Batched Domino decoding needs left-padded prompts (the tokenizer's padding_side='left').")
+        self.width = width
+        self.budget = self.generation_config.max_length - width
+        start = (attention_mask == 0).long().sum(dim=1)  # (B,) left padding per row
+        self.prompt_start = start.tolist()
+        capacity = self.generation_config.max_length + self.config.block_size + 1
+        self.sequences = torch.full((batch, capacity), self.pad_id, dtype=torch.long, device=device)
+        self.sequences[:, :width] = input_ids
+        self.generated = [0] * batch  # tokens generated per row
+        self.final: list[int | None] = [None] * batch  # a row's generated length once it stopped
+        self.flagged: list = [False] * batch  # the token column a criterion stopped each row at
+        self.stop_at = self.budget  # every row's output ends by then
+        self.replayed = 0  # token columns the whole-batch criteria have been asked about
+        self.streamer = streamer
+        self.stats.per_row = [type(self.stats)() for _ in range(batch)]
+        self.rows = torch.arange(batch, device=device)  # live row -> original row
+        self.cache = RaggedCache(start, capacity)
+        self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)
+        self.started = time.perf_counter()
+        self._prefill(input_ids)
+        while len(self.rows):
+            self._step()
+            self._replay()
+            self._drop_finished()
+        self._replay(final=True)
+        return self._batch_view(width + max(self._length(r) for r in range(batch)))
+
+    def _prefill(self, input_ids):
+        states = self.cache.states
+        states.plan(input_ids.shape[1])
+        out = self._forward(input_ids, verify_mask(states, input_ids.shape[1]), input_ids.shape[1], keep=1)
+        states.advance(torch.full_like(states.end, input_ids.shape[1]))
+        self.pending = context_features(out.hidden_states, self.layer_ids)  # (b, L, F): context not yet drafted on
+        self.pending_counts = torch.full_like(states.end, input_ids.shape[1])
+        logits = out.logits[:, -1:].float()  # (b, 1, V)
+        tokens = self._select(logits, None, torch.zeros_like(self.rows))[0][:, 0]
+        self._append([[int(t)] for t in tokens], torch.ones_like(self.rows), None)
+
+    def _step(self):
+        """One verify step of every live row."""
+        b = len(self.rows)
+        self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
+        left = torch.tensor([self.budget - self.generated[int(r)] for r in self.rows], device=self.rows.device)
+        drafts = q_logits = None
+        q = 1
+        if self.n_draft > 0 and int(left.max()) > 1 and (self.backoff is None or self.backoff.should_draft()):
+            began = time.perf_counter()
+            drafts, q_logits, confidence = self._draft(left)
+            q = self._choose_length(confidence, left - 1)
+            seconds = time.perf_counter() - began
+            self.draft_seconds = seconds if self.draft_seconds is None else 0.7 * self.draft_seconds + 0.3 * seconds
+        step_ids = self.anchors[:, None]
+        if q > 1:
+            step_ids = torch.cat([step_ids, drafts[:, : q - 1]], dim=1)  # (b, q)
+        proposed = (left - 1).clamp(min=0, max=q - 1)  # rows near their budget verify fewer draft tokens
+        states = self.cache.states
+        states.plan(q)
+        began = time.perf_counter()
+        out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
+        logits = out.logits.float()  # (b, q, V)
+        tokens, accepted = self._select(logits, None if q_logits is None else q_logits[:, : q - 1], proposed,
+                                        step_ids)
+        self.cost.observe(b * q, time.perf_counter() - began)  # after `_select` read the logits: the forward ran
+        states.advance(accepted + 1)
+        new = [step_ids[i, 1 : 1 + int(accepted[i])].tolist() + [int(tokens[i, int(accepted[i])])] for i in range(b)]
+        features = context_features(out.hidden_states, self.layer_ids)  # (b, q, F)
+        self._append(new, accepted + 1, features)
+        for i, row in enumerate(self.rows.tolist()):
+            source = "domino" if q > 1 else "none"
+            for record in (self.stats, self.stats.per_row[row]):
+                record.record(int(proposed[i]) if q > 1 else 0, int(accepted[i]), source, drafts is not None)
+        if q > 1 and self.predicted is not None:
+            self.realised += float(accepted.float().sum())
+
+    # ----------------------------------------------------------------------------------------- drafting
+    def _draft(self, left):
+        """The draft's blocks for every live row: ids (b, n), their processed logits (b, n, V) when sampling (else
+        None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
+        states = self.draft_cache.states
+        width = self.pending.shape[1]
+        states.plan(width)
+        device = self.draft.device
+        counts = self.pending_counts.to(device)
+        positions = (states.end - states.start)[:, None] + torch.arange(width, device=device)  # (b, m)
+        anchor_positions = (self.cache.states.end - self.cache.states.start).to(device)  # (b,)
+        out = self.draft(
+            block_embeds=self.head.block_embeds(self.anchors).to(device),  # (b, B, E)
+            block_position_ids=block_position_ids(anchor_positions, self.config.block_size),  # (b, B)
+            target_hidden_states=self.pending.to(device),
+            context_position_ids=positions,
+            attention_mask=context_mask(states, counts, self.config.block_size),
+            past_key_values=self.draft_cache,
+        )
+        states.advance(counts)
+        self.pending = self.pending[:, :0]
+        self.pending_counts = torch.zeros_like(self.pending_counts)
+        n = min(self.n_draft, int(left.max()) - 1)
+        slots = draft_slots(out.last_hidden_state, self.config)[:, :n]  # (b, n, H)
+        base = self.head.logits(slots)  # (b, n, V')
+        if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
+            confidence = self._rollout(slots, base, "score")[1]
+            ids, _, logits = self._rollout(slots, base, "sample")
+        else:
+            ids, confidence, logits = *self._rollout(slots, base, "greedy" if self.processors else "score")[:2], None
+        return ids.to(self.rows.device), logits, confidence.to(self.rows.device)
+
+    def _rollout(self, slots, base, mode: str):
+        """Slot by slot over every row at once: ids (b, n) (target ids), each chosen token's draft probability
+        (b, n), and with `mode` "sample" the processed full-vocabulary logits they were drawn from (b, n, V).
+        "score" takes the raw logits' argmax (no processor, no draw), "greedy" the processed logits' argmax."""
+        b, n = base.shape[:2]
+        draft, tables = self.draft, self.tables
+        if tables is not None:
+            hidden_part = draft.correction_hidden_part(slots)  # (b, n, r)
+            state = slots.new_zeros(b, self.config.gru_hidden_dim)
+            state = draft.gru_step(state, draft.head_input_gates(self.head.embed(self.anchors.to(slots.device))))
+        ids, probs, processed = [], [], []
+        for j in range(n):
+            logits = base[:, j]  # (b, V')
+            if tables is not None and j >= self.config.pure_draft_prefix_len:
+                logits = torch.add(logits, draft.correction_from_parts(hidden_part[:, j], state))
+            if mode == "score":
+                index = logits.argmax(dim=-1)
+                token = self.head.to_target_ids(index)
+                prob = logits.softmax(dim=-1).gather(1, index[:, None])[:, 0]
+            else:
+                full = self._process(self.head.to_full_vocab(logits), torch.stack(ids, dim=1) if ids else None)
+                dist = full.softmax(dim=-1)
+                token = torch.multinomial(dist, 1)[:, 0] if mode == "sample" else full.argmax(dim=-1)
+                index = self.head.to_draft_index(token)
+                prob = dist.gather(1, token[:, None])[:, 0]
+                processed.append(full)
+            ids.append(token)
+            probs.append(prob)
+            if tables is not None and j + 1 < n:
+                state = draft.gru_step(state, self._gates(index, token))
+        processed = torch.stack(processed, dim=1) if mode == "sample" else None
+        return torch.stack(ids, dim=1), torch.stack(probs, dim=1).float(), processed
+
+    def _gates(self, index, token):
+        """GRU input gates (b, 3·Hg) of each row's drafted token."""
+        table = self.tables.gate_table
+        if table is not None and bool((index >= 0).all()):
+            return table[index]
+        return self.draft.head_input_gates(self.head.embed(token))
+
+    def _choose_length(self, confidence, room) -> int:
+        """The step's verify length q (1 = a plain step): the most expected tokens per second of the whole batch,
+        the draft's confidence (b, n) calibrated by past acceptance, each row capped at `room` (b,) tokens."""
+        b, n = confidence.shape
+        ratio = self.realised / self.predicted
+        chain = confidence.cumprod(dim=1)  # (b, n): P(slot j and every slot before it accepted)
+        expected = torch.cat([chain.new_zeros(b, 1), chain.cumsum(dim=1)], dim=1)  # (b, n + 1): E[accepted | k]
+        ks = torch.arange(n + 1, device=confidence.device)
+        capped = torch.minimum(ks[None, :], room[:, None].clamp(min=0))
+        tokens = (1.0 + ratio * expected.gather(1, capped)).sum(dim=0)  # (n + 1,): batch tokens at q = k + 1
+        seconds = torch.tensor([self._seconds(b * (k + 1)) for k in range(n + 1)])
+        value = tokens / seconds
+        q = int(value.argmax()) + 1
+        plain = b / self._seconds(b)
+        drafted = float(tokens[q - 1]) / (self._seconds(b * q) + (self.draft_seconds or 0.15 * self._seconds(b)))
+        if self.backoff is not None:
+            self.backoff.update(drafted >= plain)
+        if q > 1:
+            self.predicted += float(expected[:, q - 1].sum())
+        return q
+
+    def _seconds(self, tokens: int) -> float:
+        measured = self.cost.seconds(tokens)
+        return measured if measured is not None else self.cost.prior(tokens)
+
+    # -------------------------------------------------------------------------------------- target side
+    def _forward(self, ids, mask, new, keep):
+        from .dispatch_domino import CACHE_ARGUMENT
+
+        states = self.cache.states
+        positions = (states.end - states.start)[:, None] + torch.arange(new, device=ids.device)
+        return self.target(
+            input_ids=ids,
+            attention_mask=attention_masks(self.target, mask, states, new),
+            position_ids=positions.clamp(min=0),
+            use_cache=True,
+            output_hidden_states=self.wanted,
+            logits_to_keep=keep,
+            **{CACHE_ARGUMENT: self.cache},
+        )
+
+    def _select(self, logits, q_logits, proposed, step_ids=None):
+        """The target's choice at every verified position: (b, q) tokens (the bonus token at index
+        `accepted[i]`) and (b,) accepted draft tokens. Greedy: the processed logits' argmax, drafts accepted while
+        they match. Sampling: speculative sampling with the draft's processed logits as q."""
+        b, q, _ = logits.shape
+        processed = torch.stack([self._process(logits[:, j], None if j == 0 else step_ids[:, 1 : j + 1])
+                                 for j in range(q)], dim=1)  # (b, q, V)
+        slot = torch.arange(q - 1, device=logits.device)[None, :]
+        valid = slot < proposed[:, None]  # (b, q - 1)
+        if not self.do_sample:
+            tokens = processed.argmax(dim=-1)  # (b, q)
+            if q == 1:
+                return tokens, torch.zeros_like(proposed)
+            match = (step_ids[:, 1:] == tokens[:, :-1]) & valid
+            return tokens, match.long().cumprod(dim=1).sum(dim=1)
+        p = processed.softmax(dim=-1)
+        rows = torch.arange(b, device=logits.device)
+        if q == 1:
+            return torch.multinomial(p[:, 0], 1), torch.zeros_like(proposed)
+        q_probs = q_logits.softmax(dim=-1)  # (b, q - 1, V)
+        drafted = step_ids[:, 1:, None]
+        ratio = p[:, :-1].gather(2, drafted)[..., 0] / q_probs.gather(2, drafted)[..., 0]
+        accept = (torch.rand_like(ratio) < ratio) & valid
+        accepted = accept.long().cumprod(dim=1).sum(dim=1)  # (b,)
+        target_next = p[rows, accepted]  # (b, V)
+        draft_next = q_probs[rows, accepted.clamp(max=q - 2)]
+        residual = (target_next - draft_next).clamp(min=0)
+        rejected = (accepted < proposed)[:, None] & (residual.sum(dim=-1, keepdim=True) > 0)
+        dist = torch.where(rejected, residual, target_next)
+        bonus = torch.multinomial(dist / dist.sum(dim=-1, keepdim=True), 1)[:, 0]
+        tokens = step_ids.clone()  # (b, q): accepted drafts shifted left, the bonus at `accepted`
+        tokens[:, :-1] = step_ids[:, 1:]
+        tokens[rows, accepted] = bonus
+        return tokens, accepted
+
+    def _process(self, logits, extra=None):
+        """The target's logits processors on (b, V) logits of the live rows, each row's after its own sequence and
+        `extra[i]` ((b, k) ids or None). Processors that read ids see the whole batch as plain decoding holds it
+        (a processor may keep per-row state sized to the batch), once per distinct sequence length."""
+        if not self.processors:
+            return logits
+        if self.row_free:
+            return self.processors(torch.zeros(len(logits), 1, dtype=torch.long, device=logits.device), logits)
+        k = 0 if extra is None else extra.shape[1]
+        rows = self.rows.tolist()
+        lengths = [self.width + self.generated[row] + k for row in rows]
+        out = torch.empty_like(logits)
+        for length in sorted(set(lengths)):
+            group = [i for i, n in enumerate(lengths) if n == length]
+            view = self.sequences[:, :length].clone()  # (B, length)
+            scores = logits.new_zeros(len(view), logits.shape[-1])
+            for i in group:
+                if k:
+                    view[rows[i], length - k :] = extra[i].to(view.device)
+                scores[rows[i]] = logits[i]
+            processed = self.processors(view, scores)
+            for i in group:
+                out[i] = processed[rows[i]]
+        return out
+
+    # ---------------------------------------------------------------------------------------- row state
+    def _generated_tensor(self):
+        return torch.tensor([self.generated[r] for r in self.rows.tolist()], device=self.rows.device)
+
+    def _append(self, new: list[list[int]], counts, features):
+        """Give each live row its new tokens (cut where its output ends: EOS, the length limit, a stop string), and
+        queue the target features of the verified positions (`counts[i]` of `features[i]`) for the next draft
+        forward."""
+        for i, row in enumerate(self.rows.tolist()):
+            end, tokens = self.generated[row], new[i]
+            for k, token in enumerate(tokens):
+                self.sequences[row, self.width + end + k] = token
+                if self._row_ends(row, end + k + 1, token):
+                    self.final[row] = end + k + 1
+                    tokens = tokens[: k + 1]
+                    break
+            self.generated[row] = end + len(tokens)
+        if features is not None:
+            self._queue(features, counts)
+
+    def _row_ends(self, row: int, length: int, token: int) -> bool:
+        """Whether row `row`'s output ends with its token number `length`: at the length limit, at EOS, or at a
+        stop string (where plain decoding writes no pads, a stopped row goes on until the whole batch stops)."""
+        if length >= self.stop_at or token in self.eos_ids:
+            return True
+        if self.row_criteria and not self.flagged[row]:
+            sequence = self.sequences[row : row + 1, : self.width + length]
+            if any(bool(torch.as_tensor(c(sequence, None)).any()) for c in self.row_criteria):
+                self._flag(row, length)
+                return self.pad_finished
+        return False
+
+    def _flag(self, row: int, column: int) -> None:
+        """A criterion stopped `row` at token column `column`. With pads its output ends there; without, the batch
+        ends at the last row's stop, which every row then reaches."""
+        self.flagged[row] = column
+        if self.pad_finished:
+            if self.final[row] is None or self.final[row] > column:
+                self.final[row] = column
+                self.generated[row] = min(self.generated[row], column)
+        elif all(flag is not False or end is not None for flag, end in zip(self.flagged, self.final)):
+            self.stop_at = min(self.stop_at, max(flag for flag in self.flagged if flag is not False))
+            for r in range(len(self.final)):
+                if self.generated[r] >= self.stop_at:
+                    self.final[r] = self.stop_at
+
+    def _queue(self, features, counts):
+        """Append (b, q, F) `features`, `counts[i]` of them per row, to the context the draft has not seen."""
+        counts = counts.to(self.pending_counts)
+        width = int((self.pending_counts + counts).max())
+        pending = features.new_zeros(len(features), width, features.shape[-1])
+        old = min(self.pending.shape[1], width)  # past a row's count the old entries are scratch
+        pending[:, :old] = self.pending[:, :old]
+        index = self.pending_counts[:, None] + torch.arange(features.shape[1], device=features.device)
+        keep = torch.arange(features.shape[1], device=features.device)[None, :] < counts[:, None]
+        index = torch.where(keep, index, width)  # entries past a row's count go to a scratch column
+        pending = torch.cat([pending, pending.new_zeros(len(pending), 1, pending.shape[-1])], dim=1)
+        pending.scatter_(1, index[..., None].expand(-1, -1, features.shape[-1]), features)
+        self.pending, self.pending_counts = pending[:, :width], self.pending_counts + counts
+
+    def outputs(self) -> list[list[int]]:
+        """After `decode`: each row's prompt and output tokens, without padding (what a suffix cache stores)."""
+        return [self.sequences[row, start : self.width + self._length(row)].tolist()
+                for row, start in enumerate(self.prompt_start)]
+
+    def _length(self, row: int) -> int:
+        return self.final[row] if self.final[row] is not None else self.generated[row]
+
+    def _drop_finished(self):
+        """Rows whose output is final leave the batch: their cache rows, pending context and anchors."""
+        if self.max_time and any(bool(torch.as_tensor(c(self.sequences, None)).all()) for c in self.max_time):
+            for row in self.rows.tolist():
+                self.final[row] = self.generated[row]
+        keep = [i for i, row in enumerate(self.rows.tolist()) if self.final[row] is None]
+        if len(keep) == len(self.rows):
+            return
+        index = torch.tensor(keep, dtype=torch.long, device=self.rows.device)
+        self.rows = self.rows[index]
+        self.cache.states.select(index)
+        self.draft_cache.states.select(index.to(self.draft.device))
+        self.pending, self.pending_counts = self.pending[index], self.pending_counts[index]
+
+    def _replay(self, final: bool = False):
+        """Ask the whole-batch criteria about each token column once every row has it, with the batch as plain
+        decoding would hold it (rows that ended show pad tokens), and stream that column."""
+        live = [self.generated[r] for r in self.rows.tolist()]
+        ready = max(self._length(r) for r in range(len(self.final))) if final or not live else min(live)
+        while self.replayed < ready:
+            self.replayed += 1
+            view = self._batch_view(self.width + self.replayed)
+            if self.streamer is not None:
+                self.streamer.put(view[:, -1].cpu())
+            if not self.batch_criteria:
+                continue
+            done = torch.zeros(len(view), dtype=torch.bool, device=view.device)
+            for criterion in self.batch_criteria:
+                done |= torch.as_tensor(criterion(view, None), device=view.device).expand(len(view))
+            for row in done.nonzero()[:, 0].tolist():
+                if self.flagged[row] is False:
+                    self._flag(row, self.replayed)
+            ready = min(ready, max(self._length(r) for r in range(len(self.final))))
+
+    def _batch_view(self, width: int) -> torch.Tensor:
+        """The (B, width) sequences as plain decoding holds them: pad tokens after a row's end, where it writes
+        them."""
+        view = self.sequences[:, :width].clone()
+        if self.pad_finished:
+            for row, end in enumerate(self.final):
+                if end is not None:
+                    view[row, self.width + end :] = self.pad_id
+        return view
