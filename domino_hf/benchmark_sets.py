@@ -21,6 +21,7 @@ PACKAGED_SETS = ("mt_bench", "alpaca", "sum", "qa", "copy_heavy", "translation",
 # The repeated workloads (`domino bench --suite repeated`): one few-shot preamble under many questions, and chats
 # whose later turns ask to refine or edit the previous answer.
 REPEATED_SETS = ("repeated_eval", "refine_loop", "edit_loop")
+SUITES = ("repeated",)  # `domino bench --suite`: `repeated` runs the REPEATED_SETS' turns chained
 BENCHMARK_SOURCES = ("humaneval", *PACKAGED_SETS)
 HUMANEVAL_INSTRUCTION = "Complete the following Python function:\n```python\n{prompt}```"
 

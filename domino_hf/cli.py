@@ -1,8 +1,10 @@
 """`domino` command line: regen → train → export → bench.
 
-Each subcommand lives beside the code it drives and registers itself through `register(subparsers)`. Those
-modules import torch and transformers, so only the subcommand being run is imported: `domino --help` lists
-them all from `SUBCOMMANDS` without importing any.
+Each subcommand lives beside the code it drives and registers itself through `register(subparsers)`; only the
+subcommand being run is imported (`domino --help` lists them all from `SUBCOMMANDS` without importing any). Those
+modules build their parsers without torch, transformers or `domino_hf.modeling`, which load inside the command
+once the arguments parse: `domino <command> --help` and usage errors come at once. On a transformers release
+outside the supported range, a command that runs says so in one line (`refuse_unsupported_transformers`).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ SUBCOMMANDS = {
     "features": ("domino_hf.training.features_cli",
                  "Cache the target's context features of training data (resumable)."),
     "train": ("domino_hf.training.train_cli", "Train a Domino draft for a target on regenerated data."),
-    "export": ("domino_hf.training.export", "Turn a training run into a Hub-ready draft repo (and push it)."),
+    "export": ("domino_hf.training.export_cli", "Turn a training run into a Hub-ready draft repo (and push it)."),
     "bench": ("domino_hf.bench.cli", "Benchmark Domino against plain, prompt-lookup, assisted and DFlash decoding."),
 }
 # Commands whose arguments belong to another tool's command line, handed over unparsed: name -> (module with
 # `cli(argv) -> int`, one-line help).
 PASSTHROUGH = {
-    "lm-eval": ("domino_hf.eval", "lm-evaluation-harness's command line with `--model domino` (scores, with τ)."),
+    "lm-eval": ("domino_hf.eval_cli", "lm-evaluation-harness's command line with `--model domino` (scores, with τ)."),
 }
 LOG_LEVELS = ("debug", "info", "warning", "error")
 
@@ -92,22 +94,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_passthrough(name: str, argv: list[str]) -> int:
-    """Hand `argv` to the tool behind `name` (its `--help` is the tool's own); a missing optional dependency or an
-    unsupported transformers is one line on stderr."""
-    if "-h" not in argv and "--help" not in argv and refuse_unsupported_transformers(name):
-        return 2
+    """Hand `argv` to the tool behind `name` (its `--help` is the tool's own); its module says a missing optional
+    dependency or an unsupported transformers in one line on stderr."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
-        module = importlib.import_module(PASSTHROUGH[name][0])
-    except ImportError as err:
-        print(f"domino {name}: {err}", file=sys.stderr)
-        return 2
-    return int(module.cli(argv) or 0)
+    return int(importlib.import_module(PASSTHROUGH[name][0]).cli(argv) or 0)
 
 
 def refuse_unsupported_transformers(command: str) -> bool:
     """When the installed transformers is outside the supported range, print one line naming it and return True.
-    Checked before a command runs; `--help` works on any release."""
+    Checked once a command's arguments parse, before it runs; `--help` works on any release."""
     from .modeling.dispatch_domino import UnsupportedTransformersError, check_transformers_version
 
     import transformers

@@ -18,29 +18,16 @@ generation are kept in `DominoLM.stats`; `add_domino_stats(results, lm)` writes 
 
 from __future__ import annotations
 
-import importlib
 import logging
-import sys
 import time
 from collections import defaultdict
 from typing import Any
 
+from .eval_cli import require_lm_eval
+
 logger = logging.getLogger(__name__)
 
-LM_EVAL_RANGE = ">=0.4.13,<0.5"  # the tested lm-eval releases (the `eval` extra)
-_MISSING = (f"`domino lm-eval` and `domino_hf.eval` need lm-evaluation-harness: pip install 'domino-hf[eval]' "
-            f"(lm-eval{LM_EVAL_RANGE}).")
-
-
-def require_lm_eval():
-    """Import lm_eval, or raise an ImportError naming the extra that installs it."""
-    try:
-        return importlib.import_module("lm_eval")
-    except ImportError as err:
-        raise ImportError(_MISSING) from err
-
-
-lm_eval = require_lm_eval()
+require_lm_eval()  # without lm-eval: one line naming the extra, not lm_eval's own ImportError
 import torch  # noqa: E402
 from lm_eval.api.registry import register_model  # noqa: E402
 from lm_eval.models.huggingface import HFLM  # noqa: E402
@@ -226,29 +213,13 @@ def _load_draft(draft, draft_dtype, target):
     return DominoDraftModel.from_pretrained(draft, dtype=dtype)
 
 
-def cli(argv: list[str]) -> int:
-    """`domino lm-eval ARGS`: lm-eval's own command line with `--model domino` registered; the results gain the
-    draft's per-task numbers."""
-    original = lm_eval.simple_evaluate
-
-    def simple_evaluate(*args, **kwargs):
-        _LATEST.clear()
-        results = original(*args, **kwargs)
-        if results is not None and _LATEST:
-            add_domino_stats(results, _LATEST[0])
-        _LATEST.clear()
-        return results
-
-    from lm_eval.__main__ import cli_evaluate
-
-    saved = sys.argv
-    lm_eval.simple_evaluate = simple_evaluate
-    sys.argv = ["lm-eval", *argv]
-    try:
-        cli_evaluate()
-    except SystemExit as exit:
-        return int(exit.code or 0)
-    finally:
-        lm_eval.simple_evaluate = original
-        sys.argv = saved
-    return 0
+def evaluate_with_stats(evaluate, *args, **kwargs) -> dict | None:
+    """`evaluate(*args, **kwargs)` (lm-eval's `simple_evaluate`, which builds the model from `--model domino`),
+    with the draft's per-task numbers of the `DominoLM` it built written into the results (`add_domino_stats`):
+    what `domino lm-eval` runs (`eval_cli.py`)."""
+    _LATEST.clear()
+    results = evaluate(*args, **kwargs)
+    if results is not None and _LATEST:
+        add_domino_stats(results, _LATEST[0])
+    _LATEST.clear()
+    return results

@@ -7,10 +7,11 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
-from domino_hf.cli import SUBCOMMANDS, build_parser, main, requested_command
+from domino_hf.cli import PASSTHROUGH, SUBCOMMANDS, build_parser, main, requested_command
 
 
 def _subparser(command: str) -> argparse.ArgumentParser:
@@ -30,6 +31,49 @@ def test_top_level_help_imports_neither_torch_nor_transformers():
     assert "HEAVY []" in result.stdout, result.stdout + result.stderr
     for command in SUBCOMMANDS:
         assert command in result.stdout
+
+
+# Every command's help and usage errors (an unknown option; a missing required argument where one is required), run
+# in one interpreter by `main`: exit codes by argv, then the heavy modules that got imported.
+HELP_AND_USAGE_ERRORS = (
+    "import contextlib, io, json, sys\n"
+    "from domino_hf.cli import PASSTHROUGH, SUBCOMMANDS, main\n"
+    "codes = {}\n"
+    "for command in [*SUBCOMMANDS, *PASSTHROUGH]:\n"
+    "    runs = [[command, '--help'], [command, '--no-such-option']]\n"
+    "    runs += [[command]] if command in SUBCOMMANDS and command != 'bench' else []\n"
+    "    for argv in runs:\n"
+    "        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+    "            try:\n                codes[' '.join(argv)] = main(argv)\n"
+    "            except SystemExit as exit:\n                codes[' '.join(argv)] = exit.code\n"
+    "print(json.dumps(codes))\n"
+    "print('HEAVY', sorted(m for m in ('torch', 'transformers', 'domino_hf.modeling') if m in sys.modules))\n"
+)
+
+
+def test_subcommand_help_and_usage_errors_import_neither_torch_nor_transformers():
+    """`domino <command> --help`, an unknown option and a missing required argument are answered by argparse (or
+    lm-eval's parser) before torch, transformers or the modeling files load."""
+    result = subprocess.run([sys.executable, "-c", HELP_AND_USAGE_ERRORS], capture_output=True, text=True,
+                            timeout=300)
+    assert "HEAVY []" in result.stdout, result.stdout[-3000:] + result.stderr[-3000:]
+    codes = json.loads(result.stdout.splitlines()[0])
+    for command in [*SUBCOMMANDS, *PASSTHROUGH]:
+        assert codes[f"{command} --help"] == 0 and codes[f"{command} --no-such-option"] == 2, command
+    assert all(codes[command] == 2 for command in SUBCOMMANDS if command != "bench")  # required arguments missing
+
+
+def test_subcommand_help_is_fast():
+    """Each `domino <command> --help` in its own interpreter: well under a second on an idle machine (importing torch
+    and transformers alone takes several); the bound leaves room for a busy shared one."""
+    slowest = {}
+    for command in [*SUBCOMMANDS, *PASSTHROUGH]:
+        start = time.perf_counter()
+        result = subprocess.run([sys.executable, "-m", "domino_hf.cli", command, "--help"], capture_output=True,
+                                text=True, timeout=120)
+        slowest[command] = time.perf_counter() - start
+        assert result.returncode == 0 and "usage:" in result.stdout, (command, result.stderr[-2000:])
+    assert max(slowest.values()) < 2.5, slowest
 
 
 def test_only_the_requested_subcommand_is_imported():
@@ -119,7 +163,6 @@ def test_target_options_everywhere(command, required):
 @pytest.mark.parametrize("command", ["train", "features", "regen"])
 def test_target_options_reach_load_target(command, tmp_path, monkeypatch, caplog):
     import domino_hf.targets
-    from domino_hf.training import regen_cli
 
     seen = []
 
@@ -128,7 +171,6 @@ def test_target_options_reach_load_target(command, tmp_path, monkeypatch, caplog
         raise OSError("no target in this test")
 
     monkeypatch.setattr(domino_hf.targets, "load_target", spy)
-    monkeypatch.setattr(regen_cli, "load_target", spy)
     data = tmp_path / "d.jsonl"
     data.write_text(json.dumps({"prompt": "hi"}) + "\n")
     required = {"train": ["--data", str(data)], "features": ["--data", str(data), "--config", str(data)],
@@ -265,3 +307,14 @@ def test_a_command_on_an_unsupported_transformers_says_the_range_in_one_line():
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("domino bench: Domino drafts support transformers"), lines
     assert f"transformers{supported_range()} (found 5.26.0)" in lines[0]
+
+
+def test_lm_eval_on_an_unsupported_transformers_says_the_range_in_one_line():
+    """`domino lm-eval` parses lm-eval's arguments first (help and usage errors at once), then refuses the release
+    before anything runs, as every command does."""
+    pytest.importorskip("lm_eval")
+    argv = ["lm-eval", "--model", "domino", "--model_args", "pretrained=no-such-target", "--tasks", "none"]
+    result = subprocess.run([sys.executable, "-c", UNSUPPORTED, *argv], capture_output=True, text=True, timeout=300)
+    assert "EXIT 2" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = [line for line in result.stderr.strip().splitlines() if line.startswith("domino")]
+    assert len(lines) == 1 and lines[0].startswith("domino lm-eval: Domino drafts support transformers"), lines

@@ -196,7 +196,7 @@ def test_regen_answers_a_mix_of_built_sources(tiny_llama, tmp_path, monkeypatch)
 
     parser = argparse.ArgumentParser(prog="domino")
     regen_cli.register(parser.add_subparsers())
-    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    monkeypatch.setattr("domino_hf.targets.load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", "chatterbot,python-docs", "--limit", "4", "--out", str(out),
                               "--max-new-tokens", "2", "--max-prompt-tokens", "4096", "--device", "cpu"])

@@ -149,7 +149,7 @@ def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     prompts_file = tmp_path / "p.jsonl"
     prompts_file.write_text("".join(json.dumps({"id": r.id, "prompt": r.turns[0]}) + "\n"
                                     for r in _prompts(3).records) + "{broken\n")
-    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    monkeypatch.setattr("domino_hf.targets.load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", str(prompts_file), "--out", str(out), "--max-new-tokens", "3",
                               "--device", "cpu"])
@@ -165,7 +165,8 @@ def test_cli_dtype_auto_follows_the_cpu(native_bf16, tiny_llama, tmp_path, monke
 
     monkeypatch.setattr(dtypes, "cpu_has_native_bf16", lambda: native_bf16)
     loaded = []
-    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **kw: loaded.append(dtype) or tiny_llama)
+    monkeypatch.setattr("domino_hf.targets.load_target",
+                        lambda name, dtype, device, **kw: loaded.append(dtype) or tiny_llama)
     parser = argparse.ArgumentParser(prog="domino")
     regen_cli.register(parser.add_subparsers())
     prompts_file = tmp_path / "p.jsonl"

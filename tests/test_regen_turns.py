@@ -175,7 +175,7 @@ def test_cli_turns_all(tiny_llama, tmp_path, monkeypatch, capsys):
         parser.parse_args(["regen", "--out", "o", "--turns", "some"])
     assert "invalid choice: 'some'" in capsys.readouterr().err
     _write_sharegpt(tmp_path / "sharegpt.jsonl")
-    monkeypatch.setattr(regen_cli, "load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    monkeypatch.setattr("domino_hf.targets.load_target", lambda name, dtype, device, **hub_options: tiny_llama)
     out = tmp_path / "o.jsonl"
     args = parser.parse_args(["regen", "--prompts", str(tmp_path / "sharegpt.jsonl"), "--out", str(out),
                               "--max-new-tokens", "3", "--device", "cpu", "--turns", "all"])

@@ -48,7 +48,7 @@ def test_conversation_records_keep_the_sources_replies_beside_the_user_turns():
 
 
 def test_source_answers_are_written_cut_marked_and_resumable(tiny_tokenizer, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
+    monkeypatch.setattr("domino_hf.targets.load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
     out = tmp_path / "source.jsonl"
     args = _regen_args("--prompts", str(_source_file(tmp_path)), "--out", str(out), "--responses", "source",
                        "--max-new-tokens", "8")
@@ -90,7 +90,7 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
     from domino_hf.training.recipe import TrainSettings, build_draft, train_draft
 
     model, tokenizer = tiny_llama
-    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tokenizer, None))
+    monkeypatch.setattr("domino_hf.targets.load_target_tokenizer", lambda name, **hub: (tokenizer, None))
     source = tmp_path / "source.jsonl"
     args = _regen_args("--prompts", str(_source_file(tmp_path)), "--out", str(source), "--responses", "source")
     assert args.func(args) == 0
@@ -133,7 +133,7 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
 
 
 def test_a_source_without_replies_writes_nothing_and_says_why(tiny_tokenizer, tmp_path, monkeypatch, caplog):
-    monkeypatch.setattr(regen_cli, "load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
+    monkeypatch.setattr("domino_hf.targets.load_target_tokenizer", lambda name, **hub: (tiny_tokenizer, None))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"id": "p", "prompt": "w1 w2"}) + "\n")
     out = tmp_path / "o.jsonl"

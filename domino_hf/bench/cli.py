@@ -1,5 +1,6 @@
 """`domino bench`'s command line: the options, parsed into a `pipeline.BenchRequest` and run by
-`pipeline.run_bench`; the tables are printed.
+`pipeline.run_bench`; the tables are printed. The parser imports neither torch nor transformers (help and usage
+errors come at once); the pipeline loads when the command runs.
 
 Exit codes: 0 = done; 1 = a method's greedy output differed from autoregressive decoding (not lossless);
 2 = bad arguments or a missing model.
@@ -11,10 +12,8 @@ import argparse
 import logging
 
 from ..cli_common import RawDescriptionHelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
+from ..benchmark_sets import SUITES
 from ..dtypes import DTYPE_NAMES
-from .pipeline import SUITES, BenchRequest, UsageError, run_bench
-from .report import markdown
-from .runner import AR, BenchConfig
 
 logger = logging.getLogger(__name__)
 
@@ -279,8 +278,11 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def bench_request(args: argparse.Namespace) -> BenchRequest:
-    """The `BenchRequest` that `domino bench`'s options describe."""
+def bench_request(args: argparse.Namespace):
+    """The `pipeline.BenchRequest` that `domino bench`'s options describe."""
+    from .pipeline import BenchRequest
+    from .runner import BenchConfig
+
     return BenchRequest(
         target=args.target, target_options=target_kwargs(args), draft=args.draft,
         confidence_threshold=args.confidence_threshold, max_draft_tokens=args.max_draft_tokens,
@@ -298,6 +300,10 @@ def bench_request(args: argparse.Namespace) -> BenchRequest:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `domino bench`; returns the exit code (see the module doc)."""
+    from .pipeline import UsageError, run_bench
+    from .report import markdown
+    from .stats import AR
+
     try:
         result, paths = run_bench(bench_request(args))
     except UsageError as err:

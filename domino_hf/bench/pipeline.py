@@ -19,7 +19,7 @@ import torch
 from .. import targets
 from ..chat import chat_input_ids, check_chat_template
 from ..cpu_kernels import optimize_for_cpu
-from ..benchmark_sets import REPEATED_SETS
+from ..benchmark_sets import REPEATED_SETS, SUITES
 from ..data import check_prompt_source, read_prompts
 from ..dtypes import dtype_name, resolve_draft_dtype, torch_dtype
 from ..modeling.configuration_domino import draft_level_settings
@@ -32,7 +32,6 @@ from .workloads import read_conversations, run_repeated
 logger = logging.getLogger(__name__)
 
 DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino", "domino_cache")
-SUITES = ("repeated",)
 DEFAULT_PROMPTS = ("humaneval", "mt_bench")
 DEFAULT_NUM_PROMPTS = 10
 # The suite's methods when none are named: the baselines and Domino without and with its cross-request store.

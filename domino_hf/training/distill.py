@@ -31,8 +31,6 @@ import torch
 
 from ..modeling.target_domino import target_logits
 
-LOSSES = ("ce", "kl")
-DEFAULT_TOPK = 32
 _CHUNK_LOGITS = 2**26  # full-vocabulary logits are made this many values (256 MB of fp32) at a time
 
 

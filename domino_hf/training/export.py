@@ -4,7 +4,8 @@ The folder holds `config.json` (the architecture, with `auto_map`), `generation_
 `DraftingSettings`; an older folder's settings move there from its config.json), the remote-code files from
 `modeling/`, `model.safetensors` with the draft's weights only (never the target's), and a model card.
 `--published-dialect` also writes the config keys of the official Domino/DFlash checkpoints (nested
-`dflash_config`), so SGLang's `--speculative-algorithm DFLASH` can serve the same folder.
+`dflash_config`), so SGLang's `--speculative-algorithm DFLASH` can serve the same folder. The command's options
+are in `export_cli.py`.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ import json
 import logging
 from pathlib import Path
 
-
-from ..cli_common import HelpFormatter
-from ..dtypes import DTYPE_NAMES, torch_dtype
+from ..dtypes import torch_dtype
 from ..modeling import DominoDraftModel
 from ..targets import SMOLLM2_DESCRIPTION, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME
 from ..utils import looks_like_local_path
@@ -323,71 +322,3 @@ def push_draft(draft: DominoDraftModel, repo_id: str, *, commit_message: str | N
 def _created_repo_id(repo_url, fallback: str) -> str:
     """`create_repo` returns a RepoUrl whose `repo_id` has the namespace filled in (`name` -> `user/name`)."""
     return getattr(repo_url, "repo_id", None) or fallback
-
-
-def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "export",
-        help="Turn a training run into a Hub-ready draft repo (and push it).",
-        description="Export a trained Domino draft (a run folder, checkpoint, or draft folder) as a Hub repo: "
-        "config with auto_map, remote-code files, draft-only safetensors and a model card.",
-        formatter_class=HelpFormatter,
-    )
-    parser.add_argument("source", help="Run folder (uses final/ or the newest complete checkpoint) or draft folder.")
-    parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Output folder.")
-    parser.add_argument(
-        "--dtype", default="float16", choices=DTYPE_NAMES, help="Weight dtype (upcast at load for fp32 runs).",
-    )
-    hub = parser.add_argument_group("Hub")
-    hub.add_argument(
-        "--push_to_hub", action="store_true",
-        help="Upload the folder to --hub_model_id (token from HF_TOKEN or `hf auth login`).",
-    )
-    hub.add_argument(
-        "--hub_model_id", default=None, metavar="REPO_ID",
-        help="Hub repo the card's snippet loads and --push_to_hub uploads to (default: the --out folder's name in "
-             "your namespace).",
-    )
-    hub.add_argument(
-        "--push-to-hub", dest="push_repo", metavar="REPO_ID", default=None,
-        help="Shorthand for --push_to_hub --hub_model_id REPO_ID.",
-    )
-    hub.add_argument(
-        "--private", "--hub_private_repo", dest="private", action="store_true", help="Create the Hub repo as private.",
-    )
-    hub.add_argument(
-        "--base-model", "--base_model", dest="base_model", default=None, metavar="HUB_ID",
-        help="The card's `base_model`: the target's Hub id (default: the recorded target when it is a Hub id; a local "
-             "path is never written).",
-    )
-    hub.add_argument(
-        "--dataset", "--dataset_name", dest="datasets", action="append", default=[], metavar="HUB_ID",
-        help="Hub id of a prompt source, for the card's `datasets:` (repeatable).",
-    )
-    card = parser.add_argument_group("model card")
-    card.add_argument(
-        "--published-dialect", action="store_true",
-        help="Also write the official Domino/DFlash config keys (for SGLang).",
-    )
-    card.add_argument(
-        "--measured", default=None,
-        help="Markdown (or a file of it) for the card's 'Measured' section (e.g. a `domino bench` table).",
-    )
-    card.add_argument("--notes", default=None,
-                      help="Extra Markdown (or a file of it) for the card's 'Training' section.")
-    card.add_argument("--license", default="apache-2.0", help="License of the draft weights.")
-    parser.set_defaults(func=run)
-
-
-def run(args) -> int:
-    measured, notes = (Path(text).read_text() if text and Path(text).exists() else text
-                       for text in (args.measured, args.notes))
-    try:
-        export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.hub_model_id or args.push_repo,
-                     push=bool(args.push_to_hub or args.push_repo), private=args.private,
-                     published_dialect=args.published_dialect, measured=measured, notes=notes,
-                     license=args.license, base_model=args.base_model, datasets=args.datasets)
-    except (FileNotFoundError, ValueError) as err:  # no draft at the source; an impossible export
-        logger.error("%s", err)
-        return 2
-    return 0

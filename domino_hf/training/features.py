@@ -35,13 +35,11 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..modeling.target_domino import target_features
+from .choices import CONFIG, META, STORES
 from .distill import next_token_topk
 
 logger = logging.getLogger(__name__)
 
-META = "features.json"
-CONFIG = "draft_config.json"
-STORES = ("bfloat16", "float16-scaled", "float32")
 # features.json fields that a resumed extraction must repeat: how each is described, and its option
 _RESUMED_OPTIONS = {"dtype": ("stored as {}", "--store"), "kl_topk": ("with --kl-topk {}", "--kl-topk")}
 _FP16_TOP = 2.0**14  # float16-scaled: each layer's largest |value| is scaled into [2^13, 2^14], far below 65504

@@ -1,4 +1,5 @@
-"""`domino features`'s command line: cache the target's context features of training data (`features.py`)."""
+"""`domino features`'s command line: cache the target's context features of training data (`features.py`). The
+parser imports neither torch nor transformers; the target and the extraction load when the command runs."""
 
 from __future__ import annotations
 
@@ -6,14 +7,11 @@ import logging
 import os
 from pathlib import Path
 
-from .. import targets
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from ..utils import require_paths
-from .dataset import load_training_data
+from .choices import CONFIG, STORES
 from .decontaminate import BenchmarkFilter
-from .features import CONFIG, STORES, NonFiniteFeatures, check_process, extract_features
-from .recipe import draft_config
 from .train_cli import add_draft_arguments, draft_sizing
 
 logger = logging.getLogger(__name__)
@@ -75,6 +73,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     """Entry point of `domino features`; returns the exit code."""
+    from .. import targets
+    from .dataset import load_training_data
+    from .features import NonFiniteFeatures, check_process, extract_features
+    from .recipe import draft_config
+
     try:  # bad options and missing inputs fail before the (slower) target load
         check_process(args.process_index, args.num_processes)
         require_paths(data=args.data, config=args.config)

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..modeling.target_domino import block_position_ids, draft_label_positions, draft_slots, target_features
-from .distill import LOSSES, SoftLabels
+from .choices import LOSSES
+from .distill import SoftLabels
 
 
 def position_weights(num_draft: int, gamma: float | None = None) -> torch.Tensor:

@@ -27,8 +27,8 @@ from ..utils import require_paths
 from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
-from .distill import DEFAULT_TOPK
-from .features import CONFIG, FeatureStore
+from .choices import CONFIG, DEFAULT_TOPK
+from .features import FeatureStore
 from .grow import grow_draft_layers, grow_draft_vocab
 from .objective import DominoObjective
 from .teacher_forced import replay_answer

@@ -1,6 +1,7 @@
 """`domino regen`'s command line: the options, turned into one `RegenOptions` and handed to the way of answering
 they ask for: the target here (`regen.regenerate`), a serving engine (`endpoint.regenerate_via_endpoint`), or the
-source's own replies (`source_answers.write_source_answers`).
+source's own replies (`source_answers.write_source_answers`). The parser imports neither torch nor transformers
+(help and usage errors come at once); the target loads through `targets` when the command runs.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ from ..cli_common import (
 )
 from ..data import read_prompts
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
-from ..targets import load_target, load_target_tokenizer
 from ..utils import require_paths
 from .answers import RegenOptions
 from .endpoint import EndpointClient, EndpointRegen, regenerate_via_endpoint
-from .regen import regenerate
 from .source_answers import write_source_answers
 from .turns import TURN_CHOICES
 
@@ -131,13 +130,16 @@ def run(args: argparse.Namespace) -> int:
         return _run_endpoint(args)
     if args.responses == "source":
         return _run_source_answers(args)
+    from .. import targets
+    from .regen import regenerate
+
     device = target_device(args)
     try:  # read the prompts first: a bad source fails before the (slower) model load
         prompts = read_prompts(args.prompts, limit=args.limit)
         if args.chat_template not in ("auto", "none"):
             require_paths(chat_template=args.chat_template)
-        model, tokenizer = load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
-                                       **target_kwargs(args))
+        model, tokenizer = targets.load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
+                                               **target_kwargs(args))
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing file/package/model, Hub, id clash
         logger.error("%s", err)
         return 2
@@ -152,8 +154,10 @@ def _run_source_answers(args: argparse.Namespace) -> int:
                      "replies, never the target's); drop --turns %s", args.turns)
         return 2
     try:
+        from .. import targets
+
         prompts = read_prompts(args.prompts, limit=args.limit)
-        tokenizer, _ = load_target_tokenizer(args.target, **target_kwargs(args))
+        tokenizer, _ = targets.load_target_tokenizer(args.target, **target_kwargs(args))
         write_source_answers(tokenizer, prompts, args.out, regen_options(args))
     except (OSError, ImportError, RuntimeError, ValueError) as err:
         logger.error("%s", err)
@@ -170,8 +174,10 @@ def _run_endpoint(args: argparse.Namespace) -> int:
         logger.error("--stop is not supported with --endpoint: regenerate without it, or without --endpoint")
         return 2
     try:
+        from .. import targets
+
         prompts = read_prompts(args.prompts, limit=args.limit)
-        tokenizer, generation_config = load_target_tokenizer(args.target)
+        tokenizer, generation_config = targets.load_target_tokenizer(args.target)
         client = EndpointClient(args.endpoint, timeout=args.request_timeout, retries=args.retries,
                                 api_key=os.environ.get("OPENAI_API_KEY"))
         engine = EndpointRegen(client, tokenizer, generation_config, model=args.model, options=regen_options(args))

@@ -15,6 +15,9 @@ Contract of `write_self_prompts`:
 * Resumable and reproducible: batch b is sampled from a generator seeded by (seed, b); a rerun samples the
   last batch in the file again and writes only what it had not, so an interrupted run and an uninterrupted
   one write the same records.
+
+The command's options (`register`) import neither torch nor transformers: `write_self_prompts` imports torch and
+the batch decoder when it runs, so `domino self-prompts --help` and its usage errors come at once.
 """
 
 from __future__ import annotations
@@ -25,13 +28,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
 from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
 from ..data import add_chat_template_argument, resolve_chat_template, to_messages
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
-from .batch_decode import decode_shrinking
 from .decontaminate import BenchmarkFilter
 from .answers import append_lines, read_answers
 
@@ -73,6 +74,10 @@ def write_self_prompts(model: Any, tokenizer: Any, out_path: str | Path, num_pro
     """Sample user turns from `model` until `out_path` holds `num_prompts` kept questions (see the module
     docstring). Batch b opens every row with `starts[b % len(starts)]`, which begins the question. Returns the
     run's counts."""
+    import torch
+
+    from .batch_decode import decode_shrinking
+
     if num_prompts < 1 or batch_size < 1 or max_new_tokens < 1 or not temperature > 0:
         raise ValueError("num_prompts, batch_size and max_new_tokens must be positive and temperature > 0")
     out_path = Path(out_path)

@@ -1,5 +1,7 @@
 """`domino train`'s command line (also `python -m domino_hf.train`): the options, parsed into a `TrainJob` that
 `recipe.run_training` carries out. Options also answer to the 🤗 Trainer scripts' names (--output_dir, …).
+The parser imports neither torch nor transformers (help and usage errors come at once); the recipe loads when the
+command runs.
 """
 
 from __future__ import annotations
@@ -10,10 +12,7 @@ import os
 
 from ..cli_common import HelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
 from .checkpoint import FINAL
-from .distill import DEFAULT_TOPK, LOSSES
-from .features import NonFiniteFeatures
-from .recipe import TrainJob, TrainSettings, TrainSetupError, run_training
-from .trainer import NonFiniteTraining
+from .choices import DEFAULT_TOPK, LOSSES
 
 logger = logging.getLogger(__name__)
 
@@ -187,8 +186,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     add_chat_template_argument(run_group)
 
 
-def train_job(args: argparse.Namespace) -> TrainJob:
-    """The `TrainJob` that `domino train`'s options ask for (a ValueError when the recipe's settings are bad)."""
+def train_job(args: argparse.Namespace):
+    """The `recipe.TrainJob` that `domino train`'s options ask for (a ValueError when the recipe's settings are
+    bad)."""
+    from .recipe import TrainJob, TrainSettings
+
     settings = TrainSettings(
         output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
@@ -208,6 +210,10 @@ def train_job(args: argparse.Namespace) -> TrainJob:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `domino train`; returns the exit code (2: bad options or inputs; 3: non-finite training)."""
+    from .features import NonFiniteFeatures
+    from .recipe import TrainSetupError, run_training
+    from .trainer import NonFiniteTraining
+
     try:
         job = train_job(args)
     except ValueError as err:  # the settings validate themselves

@@ -21,7 +21,8 @@ from ..cpu_kernels import is_optimized, restore_stock_kernels
 from ..modeling import DominoTargetHead
 from .checkpoint import WEIGHTS, checkpoint_folder, mark_complete
 from .dataset import LengthGroupedEpochSampler, RegenDataset
-from .distill import DEFAULT_TOPK, block_soft_labels, next_token_topk, topk_at
+from .choices import DEFAULT_TOPK
+from .distill import block_soft_labels, next_token_topk, topk_at
 from .objective import curriculum_lambda, draft_inputs
 
 logger = logging.getLogger(__name__)
