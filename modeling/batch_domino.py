@@ -32,7 +32,8 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
-from .hybrid_domino import VerifyCost
+from .batch_policy_domino import BatchPolicy
+from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
 from .ragged_domino import (
     RaggedCache,
     RaggedContextCache,
@@ -59,28 +60,6 @@ _ROW_FREE_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogi
 _ROW_CRITERIA = (StopStringCriteria,)
 
 
-class BatchBackoff:
-    """Whether to run the draft this step: while the last drafted steps predicted fewer tokens per second than
-    plain batched steps (draft time included), skip it, probing after 1, 2, 4 … (at most `max_skip`) plain steps.
-    Decided from past steps only."""
-
-    def __init__(self, max_skip: int = 16):
-        self.max_skip, self.skip, self.left = max_skip, 0, 0
-
-    def should_draft(self) -> bool:
-        if self.left > 0:
-            self.left -= 1
-            return False
-        return True
-
-    def update(self, pays: bool) -> None:
-        if pays:
-            self.skip = self.left = 0
-        else:
-            self.skip = min(max(1, 2 * self.skip), self.max_skip)
-            self.left = self.skip
-
-
 class DominoBatchDecoder:
     """Decodes a left-padded batch with a Domino draft, each row exactly as plain decoding decodes it.
 
@@ -94,9 +73,11 @@ class DominoBatchDecoder:
         settings ([`DraftingSettings`]): the call's drafting policy (`max_draft_tokens`, `draft_backoff`,
             `measure_verify_cost` are read).
         stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
+        suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations each row reads spans from.
     """
 
-    def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats):
+    def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats,
+                 suffix_cache=None):
         check_attention_supported(target)
         self.draft, self.target, self.config = draft, target, draft.config
         self.head = DominoTargetHead.cached(draft, target)
@@ -122,11 +103,17 @@ class DominoBatchDecoder:
         self.wanted = hidden_state_indices(self.layer_ids)
         cap = settings.max_draft_tokens
         self.n_draft = self.config.num_draft_tokens if cap is None else min(cap, self.config.num_draft_tokens)
-        self.cost = VerifyCost.for_device(target.device, measure=True)
-        self.backoff = BatchBackoff() if settings.draft_backoff else None
-        self.realised = self.predicted = 1.0  # calibration of the draft's confidence (pseudo-counts)
-        self.draft_seconds: float | None = None
-        self.stats = stats
+        self.settings, self.suffix_cache, self.stats = settings, suffix_cache, stats
+        # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
+        # asked about one row alone (a span token they forbid is rejected by the verify: exact, one token wasted).
+        span_options = dict(eos_token_id=self.eos, vocab_size=self.head.vocab_size)
+        self.span_sources = []  # (name, source): looked up per row, on the row's own tokens
+        if settings.context_lookup_tokens > 0:
+            lookup = ContextLookup(settings.context_lookup_tokens, settings.context_lookup_ngram, **span_options)
+            self.span_sources.append(("lookup", lookup))
+        if suffix_cache is not None:
+            self.span_sources.append(("cache", SuffixLookup(suffix_cache, settings.suffix_cache_max_span,
+                                                            **span_options)))
 
     # ------------------------------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -143,7 +130,10 @@ class DominoBatchDecoder:
         self.budget = self.generation_config.max_length - width
         start = (attention_mask == 0).long().sum(dim=1)  # (B,) left padding per row
         self.prompt_start = start.tolist()
-        capacity = self.generation_config.max_length + self.config.block_size + 1
+        max_span = max([n for n in (self.settings.context_lookup_tokens,
+                                    self.settings.suffix_cache_max_span if self.suffix_cache else 0)] + [1])
+        # every row's tokens, and one verify forward past the longest: a block or a span
+        capacity = self.generation_config.max_length + max(self.config.block_size, max_span) + 1
         self.sequences = torch.full((batch, capacity), self.pad_id, dtype=torch.long, device=device)
         self.sequences[:, :width] = input_ids
         self.generated = [0] * batch  # tokens generated per row
@@ -154,6 +144,8 @@ class DominoBatchDecoder:
         self.streamer = streamer
         self.stats.per_row = [type(self.stats)() for _ in range(batch)]
         self.rows = torch.arange(batch, device=device)  # live row -> original row
+        cost = VerifyCost.for_device(self.target.device, measure=True)
+        self.policy = BatchPolicy(batch, max_span, cost, self.settings.draft_backoff, store_history(self.suffix_cache))
         self.cache = RaggedCache(start, capacity)
         self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)
         self.started = time.perf_counter()
@@ -177,43 +169,71 @@ class DominoBatchDecoder:
         self._append([[int(t)] for t in tokens], torch.ones_like(self.rows), None)
 
     def _step(self):
-        """One verify step of every live row."""
+        """One verify step of every live row: each row's proposal (its draft block or a span), one length q for
+        the step, one target forward, each row's accepted tokens."""
         b = len(self.rows)
         self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
-        left = torch.tensor([self.budget - self.generated[int(r)] for r in self.rows], device=self.rows.device)
-        drafts = q_logits = None
-        q = 1
-        if self.n_draft > 0 and int(left.max()) > 1 and (self.backoff is None or self.backoff.should_draft()):
+        room = torch.tensor([self.budget - self.generated[r] - 1 for r in self.rows.tolist()])  # (b,) draft tokens
+        self.policy.rows = self.rows.tolist()
+        spans = self._find_spans(room)  # per row: the best span, or None
+        drafting = self.n_draft > 0 and int(room.max()) > 0 and self.policy.should_draft()
+        drafts = draft_logits = confidence = None
+        if drafting:
             began = time.perf_counter()
-            drafts, q_logits, confidence = self._draft(left)
-            q = self._choose_length(confidence, left - 1)
-            seconds = time.perf_counter() - began
-            self.draft_seconds = seconds if self.draft_seconds is None else 0.7 * self.draft_seconds + 0.3 * seconds
-        step_ids = self.anchors[:, None]
-        if q > 1:
-            step_ids = torch.cat([step_ids, drafts[:, : q - 1]], dim=1)  # (b, q)
-        proposed = (left - 1).clamp(min=0, max=q - 1)  # rows near their budget verify fewer draft tokens
+            drafts, draft_logits, confidence = self._draft(int(room.max()))
+            self.policy.observe_draft(time.perf_counter() - began)
+        proposal = self.policy.propose(spans, drafts, confidence, room)
+        q = self.policy.choose_length(proposal, drafting)
+        step_ids = torch.cat([self.anchors[:, None], proposal.ids[:, : q - 1].to(self.anchors)], dim=1)  # (b, q)
+        proposed = proposal.room.clamp(max=q - 1).to(self.anchors)  # draft tokens each row has verified
+        q_logits = self._q_logits(proposal, draft_logits, q) if self.do_sample and q > 1 else None
         states = self.cache.states
         states.plan(q)
         began = time.perf_counter()
         out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
-        logits = out.logits.float()  # (b, q, V)
-        tokens, accepted = self._select(logits, None if q_logits is None else q_logits[:, : q - 1], proposed,
-                                        step_ids)
-        self.cost.observe(b * q, time.perf_counter() - began)  # after `_select` read the logits: the forward ran
+        tokens, accepted = self._select(out.logits.float(), q_logits, proposed, step_ids)
+        self.policy.cost.observe(b * q, time.perf_counter() - began)  # after `_select` read the logits: the forward ran
         states.advance(accepted + 1)
-        new = [step_ids[i, 1 : 1 + int(accepted[i])].tolist() + [int(tokens[i, int(accepted[i])])] for i in range(b)]
-        features = context_features(out.hidden_states, self.layer_ids)  # (b, q, F)
-        self._append(new, accepted + 1, features)
+        accepted_list = accepted.tolist()
+        new = [step_ids[i, 1 : 1 + n].tolist() + [int(tokens[i, n])] for i, n in enumerate(accepted_list)]
+        self.policy.update(proposal, q, accepted_list, new)
+        self._append(new, accepted + 1, context_features(out.hidden_states, self.layer_ids))
         for i, row in enumerate(self.rows.tolist()):
-            source = "domino" if q > 1 else "none"
+            source = proposal.sources[i] if q > 1 and int(proposed[i]) > 0 else "none"
             for record in (self.stats, self.stats.per_row[row]):
-                record.record(int(proposed[i]) if q > 1 else 0, int(accepted[i]), source, drafts is not None)
-        if q > 1 and self.predicted is not None:
-            self.realised += float(accepted.float().sum())
+                record.record(int(proposed[i]) if source != "none" else 0, accepted_list[i], source, drafting)
+
+    def _find_spans(self, room) -> list:
+        """Each live row's best span (context lookup, suffix cache), cut at its room; None where none."""
+        if not self.span_sources:
+            return [None] * len(self.rows)
+        spans = []
+        for i, row in enumerate(self.rows.tolist()):
+            sequence = self.sequences[row : row + 1, self.prompt_start[row] : self.width + self.generated[row]]
+            found = []
+            for name, source in self.span_sources:
+                tokens, match = source(sequence)
+                tokens = tokens[: max(int(room[i]), 0)]
+                if len(tokens):
+                    found.append(Span(tokens.tolist(), match, name))
+            spans.append(self.policy.choosers[row].better_span(*found))
+        return spans
+
+    def _q_logits(self, proposal, draft_logits, q):
+        """(b, q - 1, V) the processed logits each row's proposal was drawn from: the draft's, or one-hot for a
+        span (fixed given the context)."""
+        b = len(proposal.sources)
+        vocab = self.head.vocab_size
+        logits = torch.full((b, q - 1, vocab), float("-inf"), device=self.anchors.device)
+        for i, source in enumerate(proposal.sources):
+            if source == "domino":
+                logits[i] = draft_logits[i, : q - 1].to(logits)
+            elif source != "none":
+                logits[i].scatter_(1, proposal.ids[i, : q - 1, None].to(logits.device), 0.0)
+        return logits
 
     # ----------------------------------------------------------------------------------------- drafting
-    def _draft(self, left):
+    def _draft(self, room: int):
         """The draft's blocks for every live row: ids (b, n), their processed logits (b, n, V) when sampling (else
         None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
         states = self.draft_cache.states
@@ -234,7 +254,7 @@ class DominoBatchDecoder:
         states.advance(counts)
         self.pending = self.pending[:, :0]
         self.pending_counts = torch.zeros_like(self.pending_counts)
-        n = min(self.n_draft, int(left.max()) - 1)
+        n = min(self.n_draft, room)
         slots = draft_slots(out.last_hidden_state, self.config)[:, :n]  # (b, n, H)
         base = self.head.logits(slots)  # (b, n, V')
         if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
@@ -283,31 +303,6 @@ class DominoBatchDecoder:
         if table is not None and bool((index >= 0).all()):
             return table[index]
         return self.draft.head_input_gates(self.head.embed(token))
-
-    def _choose_length(self, confidence, room) -> int:
-        """The step's verify length q (1 = a plain step): the most expected tokens per second of the whole batch,
-        the draft's confidence (b, n) calibrated by past acceptance, each row capped at `room` (b,) tokens."""
-        b, n = confidence.shape
-        ratio = self.realised / self.predicted
-        chain = confidence.cumprod(dim=1)  # (b, n): P(slot j and every slot before it accepted)
-        expected = torch.cat([chain.new_zeros(b, 1), chain.cumsum(dim=1)], dim=1)  # (b, n + 1): E[accepted | k]
-        ks = torch.arange(n + 1, device=confidence.device)
-        capped = torch.minimum(ks[None, :], room[:, None].clamp(min=0))
-        tokens = (1.0 + ratio * expected.gather(1, capped)).sum(dim=0)  # (n + 1,): batch tokens at q = k + 1
-        seconds = torch.tensor([self._seconds(b * (k + 1)) for k in range(n + 1)])
-        value = tokens / seconds
-        q = int(value.argmax()) + 1
-        plain = b / self._seconds(b)
-        drafted = float(tokens[q - 1]) / (self._seconds(b * q) + (self.draft_seconds or 0.15 * self._seconds(b)))
-        if self.backoff is not None:
-            self.backoff.update(drafted >= plain)
-        if q > 1:
-            self.predicted += float(expected[:, q - 1].sum())
-        return q
-
-    def _seconds(self, tokens: int) -> float:
-        measured = self.cost.seconds(tokens)
-        return measured if measured is not None else self.cost.prior(tokens)
 
     # -------------------------------------------------------------------------------------- target side
     def _forward(self, ids, mask, new, keep):
@@ -445,10 +440,18 @@ class DominoBatchDecoder:
         pending.scatter_(1, index[..., None].expand(-1, -1, features.shape[-1]), features)
         self.pending, self.pending_counts = pending[:, :width], self.pending_counts + counts
 
-    def outputs(self) -> list[list[int]]:
-        """After `decode`: each row's prompt and output tokens, without padding (what a suffix cache stores)."""
-        return [self.sequences[row, start : self.width + self._length(row)].tolist()
-                for row, start in enumerate(self.prompt_start)]
+    def remember(self) -> None:
+        """After `decode`: each row's prompt and output (without padding) into the suffix cache, if any, and what
+        its spans were worth in this call, averaged over the rows, for the next call (`store_history`)."""
+        if self.suffix_cache is None:
+            return
+        for row, start in enumerate(self.prompt_start):
+            self.suffix_cache.add(self.sequences[row, start : self.width + self._length(row)].tolist())
+        history = store_history(self.suffix_cache)
+        if history is not None:
+            rows = [chooser.history("cache") for chooser in self.policy.choosers]
+            history.update({bucket: [sum(h) / len(h) for h in zip(*(row[bucket] for row in rows))]
+                            for bucket in rows[0]})
 
     def _length(self, row: int) -> int:
         return self.final[row] if self.final[row] is not None else self.generated[row]

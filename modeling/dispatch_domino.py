@@ -235,8 +235,9 @@ def decode_batch(draft, target, arguments: dict):
     model_kwargs = arguments.get("model_kwargs") or {}
     stats = DominoGenerationStats()
     settings = resolve_drafting_settings(draft, config)
+    suffix_cache = resolve_suffix_cache(draft, config, settings)
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
-                                 arguments.get("stopping_criteria"), settings, stats)
+                                 arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache)
     draft.last_generation_stats = stats
     streamer = arguments.get("streamer")
     if streamer is not None:
@@ -244,10 +245,7 @@ def decode_batch(draft, target, arguments: dict):
     sequences = decoder.decode(arguments["input_ids"], model_kwargs.get("attention_mask"), streamer)
     if streamer is not None:
         streamer.end()
-    suffix_cache = resolve_suffix_cache(draft, config, settings)
-    if suffix_cache is not None:
-        for row in decoder.outputs():
-            suffix_cache.add(row)
+    decoder.remember()  # every row's prompt and output into the suffix cache, if any
     return GenerateDecoderOnlyOutput(sequences=sequences) if config.return_dict_in_generate else sequences
 
 

@@ -48,6 +48,7 @@ REMOTE_CODE_FILES = (
     "dispatch_domino.py",
     "suffix_domino.py",
     "batch_domino.py",
+    "batch_policy_domino.py",
     "ragged_domino.py",
 )
 

@@ -1,0 +1,169 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""Drafting policy of the batched verify loop (`batch_domino.py`): what each row proposes, and how many tokens the
+step verifies.
+
+Remote-code file (torch + transformers only). A step verifies the same number of tokens q in every live row (one
+rectangular forward), so its cost is that of rows × q tokens, measured as the loop goes (`VerifyCost` over the
+token count). Each row proposes its draft block or a span (context lookup or suffix cache, per row, judged by the
+row's own span history, as `SourceChooser` judges them at batch size 1), whichever it expects more accepted tokens
+from; then q is the length with the most expected tokens per second over the whole batch, q = 1 being a plain
+batched step. As the batch grows a forward costs more per token, so q shrinks, down to plain steps where
+speculation cannot pay. Everything is decided from the draft's distributions (a pass that draws nothing), the
+spans' histories and past timings: never from a token drawn for the step, so sampling stays exact.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .hybrid_domino import SourceChooser, VerifyCost
+
+
+class BatchBackoff:
+    """Whether to run the draft this step: while drafted steps predicted fewer tokens per second than steps without
+    the draft (plain, or spans only; the draft's time included), skip it, probing after 1, 2, 4 … (at most
+    `max_skip`) steps. Decided from past steps only."""
+
+    def __init__(self, max_skip: int = 16):
+        self.max_skip, self.skip, self.left = max_skip, 0, 0
+
+    def should_draft(self) -> bool:
+        if self.left > 0:
+            self.left -= 1
+            return False
+        return True
+
+    def update(self, pays: bool) -> None:
+        if pays:
+            self.skip = self.left = 0
+        else:
+            self.skip = min(max(1, 2 * self.skip), self.max_skip)
+            self.left = self.skip
+
+
+class BatchProposal(NamedTuple):
+    """What each live row proposes this step.
+
+    ids: (b, W) target ids (each row's first `room[i]` count); expected: (b, W + 1) expected accepted tokens if
+    the step verifies k of them, calibrated; room: (b,) tokens a row can have verified; sources: "domino", "lookup",
+    "cache" or "none" per row; spans: the span found per row (sent or not); draft_expected: (b, W + 1) the draft's
+    own, uncalibrated expectation (zeros without a draft)."""
+
+    ids: torch.Tensor
+    expected: torch.Tensor
+    room: torch.Tensor
+    sources: list
+    spans: list
+    draft_expected: torch.Tensor
+
+
+def chain_expected(probs: torch.Tensor) -> torch.Tensor:
+    """(b, n) per-slot acceptance probabilities -> (b, n + 1) expected accepted tokens when k = 0 … n are verified
+    (Σ_{j<k} Π_{l≤j} p_l)."""
+    chain = probs.cumprod(dim=1)
+    return torch.cat([chain.new_zeros(len(chain), 1), chain.cumsum(dim=1)], dim=1)
+
+
+class BatchPolicy:
+    """Per-row sources and the per-step length of the batched verify loop.
+
+    Args:
+        batch (`int`): rows in the call (each keeps its own span history).
+        max_span (`int`): the longest span any source proposes.
+        cost ([`VerifyCost`]): the measured cost of a forward, by tokens in it (rows × q).
+        backoff (`bool`): skip the draft while it does not pay (`BatchBackoff`).
+        history (`dict`, *optional*): the suffix cache's span history to start from (`store_history`).
+    """
+
+    def __init__(self, batch: int, max_span: int, cost: VerifyCost, backoff: bool = True, history=None):
+        self.cost = cost
+        self.choosers = [SourceChooser(max(max_span, 1), cost, history=history) for _ in range(batch)]
+        self.backoff = BatchBackoff() if backoff else None
+        self.realised = self.predicted = 1.0  # the draft's calibration: accepted ÷ expected tokens (pseudo-counts)
+        self.draft_seconds: float | None = None
+        self.rows: list[int] = []  # live row -> original row, set by the loop each step
+
+    def should_draft(self) -> bool:
+        return self.backoff is None or self.backoff.should_draft()
+
+    def observe_draft(self, seconds: float) -> None:
+        old = self.draft_seconds
+        self.draft_seconds = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def seconds(self, tokens: int) -> float:
+        """A forward over `tokens` tokens: fitted to the timings so far, else the prior curve."""
+        measured = self.cost.seconds(tokens)
+        return measured if measured is not None else self.cost.prior(tokens)
+
+    def propose(self, spans: list, drafts, confidence, room: torch.Tensor) -> BatchProposal:
+        """Each row's source: its span when the span's history expects more accepted tokens than the draft's
+        calibrated confidence does for its block, else the block (`drafts` (b, n), `confidence` (b, n); None
+        when the draft did not run), else nothing."""
+        b = len(spans)
+        n = 0 if drafts is None else drafts.shape[1]
+        width = max([n, 1] + [len(span.tokens) for span in spans if span is not None])
+        ids = torch.zeros(b, width, dtype=torch.long)
+        expected = torch.zeros(b, width + 1)
+        draft_expected = torch.zeros(b, width + 1)
+        rows_room, sources = [], []
+        ratio = self.realised / self.predicted
+        if drafts is not None:
+            own = chain_expected(confidence.float().cpu())  # (b, n + 1)
+            draft_expected[:, : n + 1] = own
+            draft_expected[:, n + 1 :] = own[:, -1:]
+        for i, span in enumerate(spans):
+            block = float(ratio * draft_expected[i, n]) if drafts is not None else -1.0
+            span_values = None
+            if span is not None:
+                model = self.choosers[self.rows[i]].span_model(span)
+                span_values = torch.tensor([model.expected(k) for k in range(len(span.tokens) + 1)])
+            if span_values is not None and float(span_values[-1]) > block:
+                length = len(span.tokens)
+                ids[i, :length] = torch.tensor(span.tokens)
+                expected[i, : length + 1] = span_values
+                expected[i, length + 1 :] = span_values[-1]
+                rows_room.append(min(length, int(room[i])))
+                sources.append(span.source)
+            elif drafts is not None:
+                ids[i, :n] = drafts[i].cpu()
+                expected[i] = ratio * draft_expected[i]
+                rows_room.append(min(n, int(room[i])))
+                sources.append("domino")
+            else:
+                rows_room.append(0)
+                sources.append("none")
+        return BatchProposal(ids, expected, torch.tensor(rows_room), sources, spans, draft_expected)
+
+    def choose_length(self, proposal: BatchProposal, drafted: bool) -> int:
+        """The step's verify length q: the most expected tokens (accepted + bonus) per second over the batch."""
+        b = len(proposal.sources)
+        value = self._values(proposal.expected, proposal.room)
+        q = int(value.argmax()) + 1
+        if drafted and self.backoff is not None:  # would the step have done as well without running the draft?
+            spans_only = proposal.expected.clone()
+            spans_only[[i for i, s in enumerate(proposal.sources) if s == "domino"]] = 0.0
+            draft_time = self.draft_seconds if self.draft_seconds is not None else 0.15 * self.seconds(b)
+            with_draft = float(value.max()) * self.seconds(b * q) / (self.seconds(b * q) + draft_time)
+            self.backoff.update(with_draft >= float(self._values(spans_only, proposal.room).max()))
+        return q
+
+    def _values(self, expected, room) -> torch.Tensor:
+        """(W + 1,) expected batch tokens per second when each row verifies up to k = 0 … W of its tokens."""
+        b, width = expected.shape[0], expected.shape[1] - 1
+        ks = torch.arange(width + 1)
+        capped = torch.minimum(ks[None, :], room[:, None].clamp(min=0))
+        tokens = (1.0 + expected.gather(1, capped)).sum(dim=0)
+        return tokens / torch.tensor([self.seconds(b * (k + 1)) for k in range(width + 1)])
+
+    def update(self, proposal: BatchProposal, q: int, accepted: list[int], verified: list[list[int]]) -> None:
+        """After the verify: the span histories (every span found, sent or not, scored against the row's verified
+        tokens) and the draft's calibration (its rows' accepted against expected tokens)."""
+        for i, span in enumerate(proposal.spans):
+            if span is not None:
+                self.choosers[self.rows[i]].span_model(span).observe(span.tokens, verified[i])
+            if proposal.sources[i] == "domino" and q > 1:
+                self.predicted += float(proposal.draft_expected[i, min(q - 1, int(proposal.room[i]))])
+                self.realised += accepted[i]
+
