@@ -53,6 +53,12 @@ ids = torch.tensor([prompt])
 reference = target.generate(ids, do_sample=False, max_new_tokens=20)
 output = target.generate(ids, do_sample=False, max_new_tokens=20, assistant_model=draft)
 stats = draft.last_generation_stats
+batch = torch.tensor([prompt, [0, 0] + prompt[2:]])  # two rows, the second left-padded
+mask = torch.ones_like(batch)
+mask[1, :2] = 0
+batch_reference = target.generate(input_ids=batch, attention_mask=mask, do_sample=False, max_new_tokens=12)
+batch_output = target.generate(input_ids=batch, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                               assistant_model=draft)
 try:
     import domino_hf  # noqa: F401
     blocked = False
@@ -60,6 +66,8 @@ except ImportError:
     blocked = True
 print("RESULT " + json.dumps(dict(
     reference=reference[0].tolist(), output=output[0].tolist(), module=type(draft).__module__,
+    batch_reference=batch_reference.tolist(), batch_output=batch_output.tolist(),
+    batch_rows=len(draft.last_generation_stats.per_row),
     drafted=sum(stats.drafted), accepted=sum(stats.accepted), blocked=blocked,
     transformers=__import__("transformers").__version__,
     imported=sorted(m for m in sys.modules if m.startswith("domino_hf")),
@@ -113,6 +121,7 @@ def test_remote_code_checkpoint_works_without_domino_hf(tmp_path, fitted_pair):
     assert result["blocked"] and not result["imported"]
     assert result["module"].startswith("transformers_modules.")
     assert result["output"] == result["reference"]
+    assert result["batch_output"] == result["batch_reference"] and result["batch_rows"] == 2  # the batched loop
     assert result["reference"] == target.generate(prompts[0], do_sample=False, max_new_tokens=20)[0].tolist()
     assert result["drafted"] > 0 and result["accepted"] > 0
     import transformers

@@ -43,6 +43,21 @@ def test_greedy_identity_on_the_real_model(target_and_draft, source):
     assert accepted > 0 and steps > 0  # the trained draft really gets tokens accepted
 
 
+def test_batched_greedy_identity_on_the_real_model(target_and_draft):
+    """Four prompts of different lengths in one left-padded batch: every row as plain batched decoding gives it."""
+    target, tokenizer, draft = target_and_draft
+    rows = [ids[0].tolist() for source in ("humaneval", "mt_bench") for ids in prompts(tokenizer, source, 2)]
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    attention_mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    expected = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False)
+    output = target.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40, do_sample=False,
+                             assistant_model=draft)
+    assert output.tolist() == expected.tolist()
+    stats = draft.last_generation_stats
+    assert len(stats.per_row) == 4 and sum(stats.accepted) > 0
+
+
 def test_sampling_on_the_real_model_accepts_and_stays_in_vocabulary(target_and_draft):
     target, tokenizer, draft = target_and_draft
     torch.manual_seed(0)
