@@ -74,10 +74,11 @@ class DominoBatchDecoder:
             `measure_verify_cost` are read).
         stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
         suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations each row reads spans from.
+        profile (`bool`, defaults to `False`): time the step's phases into `stats.timings` (`_clock`).
     """
 
     def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats,
-                 suffix_cache=None):
+                 suffix_cache=None, profile=False):
         check_attention_supported(target)
         self.draft, self.target, self.config = draft, target, draft.config
         self.head = DominoTargetHead.cached(draft, target)
@@ -103,7 +104,7 @@ class DominoBatchDecoder:
         self.wanted = hidden_state_indices(self.layer_ids)
         cap = settings.max_draft_tokens
         self.n_draft = self.config.num_draft_tokens if cap is None else min(cap, self.config.num_draft_tokens)
-        self.settings, self.suffix_cache, self.stats = settings, suffix_cache, stats
+        self.settings, self.suffix_cache, self.stats, self.profile = settings, suffix_cache, stats, bool(profile)
         # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
         # asked about one row alone (a span token they forbid is rejected by the verify: exact, one token wasted).
         span_options = dict(eos_token_id=self.eos, vocab_size=self.head.vocab_size)
@@ -154,6 +155,7 @@ class DominoBatchDecoder:
             self._step()
             self._replay()
             self._drop_finished()
+            self._lap("rows")
         self._replay(final=True)
         return self._batch_view(width + max(self._length(r) for r in range(batch)))
 
@@ -175,6 +177,7 @@ class DominoBatchDecoder:
         self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
         room = torch.tensor([self.budget - self.generated[r] - 1 for r in self.rows.tolist()])  # (b,) draft tokens
         self.policy.rows = self.rows.tolist()
+        lap = self._clock()
         spans = self._find_spans(room)  # per row: the best span, or None
         drafting = self.n_draft > 0 and int(room.max()) > 0 and self.policy.should_draft()
         drafts = draft_logits = confidence = None
@@ -182,6 +185,7 @@ class DominoBatchDecoder:
             began = time.perf_counter()
             drafts, draft_logits, confidence = self._draft(int(room.max()))
             self.policy.observe_draft(time.perf_counter() - began)
+            lap = self._clock()  # the draft's phases were laps of their own
         proposal = self.policy.propose(spans, drafts, confidence, room)
         q = self.policy.choose_length(proposal, drafting)
         step_ids = torch.cat([self.anchors[:, None], proposal.ids[:, : q - 1].to(self.anchors)], dim=1)  # (b, q)
@@ -190,9 +194,11 @@ class DominoBatchDecoder:
         states = self.cache.states
         states.plan(q)
         began = time.perf_counter()
+        lap("rows")
         out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
         tokens, accepted = self._select(out.logits.float(), q_logits, proposed, step_ids)
         self.policy.cost.observe(b * q, time.perf_counter() - began)  # after `_select` read the logits: the forward ran
+        lap("verify")
         states.advance(accepted + 1)
         accepted_list = accepted.tolist()
         new = [step_ids[i, 1 : 1 + n].tolist() + [int(tokens[i, n])] for i, n in enumerate(accepted_list)]
@@ -202,6 +208,25 @@ class DominoBatchDecoder:
             source = proposal.sources[i] if q > 1 and int(proposed[i]) > 0 else "none"
             for record in (self.stats, self.stats.per_row[row]):
                 record.record(int(proposed[i]) if source != "none" else 0, accepted_list[i], source, drafting)
+        self._lap = lap  # `decode` adds the replay and rows leaving to `rows`
+
+    def _clock(self):
+        """A lap timer into `stats.timings` when profiling (`profile_drafting`), else a no-op: the draft's phases,
+        `verify` (the target's forward and the acceptance) and `rows` (what the batch costs beyond them: spans,
+        proposals, per-row tokens and stops, rows leaving)."""
+        if not self.profile:
+            return lambda phase: None
+        sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
+        sync()
+        last = [time.perf_counter()]
+
+        def lap(phase):
+            sync()
+            now = time.perf_counter()
+            self.stats.timings[phase] = self.stats.timings.get(phase, 0.0) + now - last[0]
+            last[0] = now
+
+        return lap
 
     def _find_spans(self, room) -> list:
         """Each live row's best span (context lookup, suffix cache), cut at its room; None where none."""
@@ -243,6 +268,7 @@ class DominoBatchDecoder:
         counts = self.pending_counts.to(device)
         positions = (states.end - states.start)[:, None] + torch.arange(width, device=device)  # (b, m)
         anchor_positions = (self.cache.states.end - self.cache.states.start).to(device)  # (b,)
+        lap = self._clock()
         out = self.draft(
             block_embeds=self.head.block_embeds(self.anchors).to(device),  # (b, B, E)
             block_position_ids=block_position_ids(anchor_positions, self.config.block_size),  # (b, B)
@@ -256,12 +282,15 @@ class DominoBatchDecoder:
         self.pending_counts = torch.zeros_like(self.pending_counts)
         n = min(self.n_draft, room)
         slots = draft_slots(out.last_hidden_state, self.config)[:, :n]  # (b, n, H)
+        lap("backbone")
         base = self.head.logits(slots)  # (b, n, V')
+        lap("lm_head")
         if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
             confidence = self._rollout(slots, base, "score")[1]
             ids, _, logits = self._rollout(slots, base, "sample")
         else:
             ids, confidence, logits = *self._rollout(slots, base, "greedy" if self.processors else "score")[:2], None
+        lap("head_rollout")
         return ids.to(self.rows.device), logits, confidence.to(self.rows.device)
 
     def _rollout(self, slots, base, mode: str):

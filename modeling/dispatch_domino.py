@@ -237,7 +237,8 @@ def decode_batch(draft, target, arguments: dict):
     settings = resolve_drafting_settings(draft, config)
     suffix_cache = resolve_suffix_cache(draft, config, settings)
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
-                                 arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache)
+                                 arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache,
+                                 profile=_PROFILE.get())
     draft.last_generation_stats = stats
     streamer = arguments.get("streamer")
     if streamer is not None:

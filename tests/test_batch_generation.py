@@ -248,3 +248,17 @@ def test_sampling_check_catches_a_wrong_q(sampling_pair, flat_cost, monkeypatch)
     assert drafted > 0
     exact = exact_distribution(target, LogitsProcessorList())
     assert all(chi_square_pvalue(row_counts, exact) < 1e-6 for row_counts in counts)
+
+
+def test_profile_times_the_batch_overhead(fitted, flat_cost):
+    """`profile_drafting` records the draft's phases, the verify and what the batch costs beyond them (`rows`)."""
+    from domino_hf.modeling.dispatch_domino import profile_drafting
+
+    target, draft, prompts = fitted("llama")
+    ids, mask = left_pad([prompts[0][0], prompts[1][0, :3]])
+    with profile_drafting(draft):
+        target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=draft)
+    timings = draft.last_generation_stats.timings
+    assert all(timings[phase] > 0 for phase in ("backbone", "lm_head", "head_rollout", "verify", "rows"))
+    target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=draft)
+    assert "verify" not in draft.last_generation_stats.timings
