@@ -235,6 +235,7 @@ def decode_batch(draft, target, arguments: dict):
     model_kwargs = arguments.get("model_kwargs") or {}
     stats = DominoGenerationStats()
     settings = resolve_drafting_settings(draft, config)
+    warn_if_target_inexact(target)
     suffix_cache = resolve_suffix_cache(draft, config, settings)
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
                                  arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache,
