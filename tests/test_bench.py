@@ -335,6 +335,8 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     assert config["confidence_threshold"] == 0.25
     assert config["dtype"] == "float32" and config["draft_dtype"] == "bfloat16"
     assert (tmp_path / "out" / "bench_speedup.png").exists() and (tmp_path / "out" / "bench_profile.png").exists()
+    assert "batch" not in json.loads((tmp_path / "out" / "bench.json").read_text())  # batch size 1: no batch section
+    assert not (tmp_path / "out" / "bench_batch_throughput.png").exists()
 
     _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)
     argv[argv.index("--methods") + 1] = "autoregressive,domino"
@@ -465,3 +467,151 @@ def test_draft_only_methods_draft_every_step():
         elif run["method"] == "domino":
             assert 0 in run["drafted"][:-1]  # paused (no block, no span) where the draft does not pay
     assert "draft_backoff" not in vars(draft.generation_config)  # the per-call setting left the draft as it was
+
+
+# ------------------------------------------------------------------------------------------------ --batch-size
+@pytest.mark.parametrize("value, sizes", [("1", [1]), ("1,2", [1, 2]), ("8, 2,4,2", [2, 4, 8]), ("02", [2])])
+def test_cli_batch_size_parses(value, sizes):
+    assert _parse(["--batch-size", value]).batch_size == sizes
+    assert bench_cli.bench_request(_parse(["--batch-size", value])).batch_sizes == sizes
+    assert _parse([]).batch_size == [1] and bench_cli.bench_request(_parse([])).batch_sizes == [1]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two", "1.5", "2,", "", "2,0,4"])
+def test_cli_batch_size_refuses_what_is_not_a_positive_integer(value, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        _parse([f"--batch-size={value}"])
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "argument --batch-size:" in line and "is not a batch size: give positive integers, e.g. 1,2,4,8" in line
+
+
+def test_batch_sizes_checked_for_library_callers():
+    """A `BenchRequest` built without argparse gets the same check, and batches do not chain a suite's turns."""
+    assert pipeline.check_batch_sizes([4, 1, 2, 2]) == [1, 2, 4]
+    for bad in ([0], [], [2, -1], [1.5], [True]):
+        with pytest.raises(pipeline.UsageError, match="--batch-size: batch sizes are positive integers"):
+            pipeline.check_batch_sizes(bad)
+    assert pipeline.check_batch_sizes([1], "repeated") == [1]
+    with pytest.raises(pipeline.UsageError, match="--batch-size with --suite repeated"):
+        pipeline.check_batch_sizes([1, 2], "repeated")
+
+
+def test_batches_are_sorted_and_left_padded():
+    from domino_hf.bench.batched import make_batches, row_tokens
+
+    prompts = [BenchPrompt("s", f"p{i}", list(range(3, 3 + n))) for i, n in enumerate((2, 4, 3, 4, 1))]
+    batches = make_batches(prompts, 2, pad_token_id=0)
+    assert [[p.prompt_id for p in b.prompts] for b in batches] == [["p1", "p3"], ["p2", "p0"], ["p4"]]
+    ids, mask = batches[1].tensors("cpu")
+    assert ids.tolist() == [[3, 4, 5], [0, 3, 4]] and mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    assert batches[1].padding == 1 and batches[0].padding == 0
+    assert row_tokens([5, 6, 2, 2, 2], {2}) == 3 and row_tokens([5, 6, 7], {2}) == 3 and row_tokens([5], set()) == 1
+
+
+@pytest.fixture(scope="module")
+def batched_result(bench_models):
+    """Batch sizes 1 and 2 on the fitted pair, prompts of three lengths (so batches are padded), with a stock-kernel
+    baseline."""
+    import copy
+
+    from domino_hf import optimize_for_cpu
+    from domino_hf.bench.batched import run_batch_sizes
+
+    target, draft, _, prompts, _ = bench_models
+    target, draft = optimize_for_cpu(copy.deepcopy(target)), optimize_for_cpu(copy.deepcopy(draft))
+    prompts = [BenchPrompt(p.prompt_set, p.prompt_id, p.input_ids[: len(p.input_ids) - i % 3])
+               for i, p in enumerate(prompts)] + [BenchPrompt("chat", "short", prompts[0].input_ids[:3])]
+    config = BenchConfig(methods=("autoregressive", "prompt_lookup", "dflash", "domino"), max_new_tokens=10,
+                         warmup=1, progress=False)
+    return run_batch_sizes(target, prompts, config, [2, 1], draft=draft, pad_token_id=0), prompts
+
+
+def test_batch_sizes_report_throughput_tau_and_lossless(batched_result):
+    from domino_hf.bench.stats import AR_STOCK
+
+    result, prompts = batched_result
+    batch = result["batch"]
+    assert list(batch["sizes"]) == ["1", "2"] and batch["config"]["sizes"] == [1, 2]
+    assert batch["config"]["batches"] == {"1": 5, "2": 3} and batch["mismatches"] == {}
+    assert list(result["methods"]) == ["autoregressive", "prompt_lookup", "dflash", "domino", AR_STOCK]
+    assert batch["sizes"]["2"]["prompt_lookup"] == {
+        "supported": False, "note": "transformers' prompt lookup decoding takes one sequence at a time"}
+    for size, block in batch["sizes"].items():
+        assert block["autoregressive"]["speedup"] == 1.0 and block["autoregressive"]["tau"] == 1.0
+        assert block[AR_STOCK]["lossless"] is None and block[AR_STOCK]["speedup_vs_stock"] == 1.0
+        for name, m in block.items():
+            if not m["supported"]:
+                continue
+            assert m["tokens_per_s"] > 0 and m["tokens_per_s_e2e"] > 0 and m["row_ms_per_token"] > 0, (size, name)
+            assert m["speedup"] > 0 and m["speedup_vs_stock"] > 0 and m["tau"] >= 1.0
+            assert m["num_rows"] == len(prompts) and m["new_tokens"] == 10 * len(prompts)  # no EOS: all rows full
+            assert m["lossless"] is (None if name == AR_STOCK else True), (size, name)
+    assert max(batch["sizes"]["2"][n]["tau"] for n in ("dflash", "domino")) > 1.0  # the batched draft drafts
+    for name, m in batch["sizes"]["1"].items():  # B = 1: the single-sequence run, in the batch section's terms
+        single = result["methods"][name]
+        assert m["lossless"] == single["lossless"] and m["tau"] == pytest.approx(single["tau"])
+        assert m["row_ms_per_token"] == pytest.approx(single["decode_ms_per_token"], rel=1e-3)
+    runs = batch["runs"]
+    assert {r["batch_size"] for r in runs} == {2} and any(r["padding"] > 0 for r in runs)
+    assert all(sum(r["row_tokens"]) == 10 * len(r["prompts"]) for r in runs)
+    assert all(r["prefill_ms"] > 0 and r["decode_ms"] > 0 for r in runs)
+
+
+def test_batch_report_files(batched_result, tmp_path):
+    result, _ = batched_result
+    paths = write_report(result, tmp_path)
+    assert paths["batch_throughput"].stat().st_size > 1000 and paths["speedup"].exists()
+    assert json.loads(paths["json"].read_text())["batch"]["sizes"]["2"]["domino"]["lossless"] is True
+    text = paths["markdown"].read_text()
+    section = text.split("## Batched decoding: throughput by batch size")[1]
+    assert "| batch size | method | τ | tokens/s | speedup | vs stock transformers | row ms/token" in section
+    assert "| 2 | prompt_lookup | n/a |" in section and "n/a (one sequence at a time)" in section
+    assert "| 2 | domino |" in section and "| 1 | prompt_lookup | 1." in section
+
+
+def test_batched_method_that_differs_is_not_lossless(bench_models, monkeypatch, tmp_path, caplog):
+    """Sizes without 1 run the batches alone; a row that differs from plain batched decoding fails the check."""
+    from domino_hf.bench.batched import run_batch_sizes
+    from domino_hf.bench.report import lossless_failures, markdown
+
+    target, draft, _, prompts, _ = bench_models
+    _corrupt_last_token(monkeypatch, runner.DominoMethod, target.config.vocab_size)
+    config = BenchConfig(methods=("autoregressive", "domino"), max_new_tokens=6, warmup=0, progress=False)
+    with caplog.at_level(logging.ERROR):
+        result = run_batch_sizes(target, prompts[:4], config, [2], draft=draft)
+    assert result["methods"] == {} and result["runs"] == [] and list(result["batch"]["sizes"]) == ["2"]
+    domino = result["batch"]["sizes"]["2"]["domino"]
+    assert domino["lossless"] is False and domino["mismatched_rows"] == 2  # row 0 of each of the two batches
+    assert result["batch"]["mismatches"]["domino"][0]["position"] == 5
+    assert lossless_failures(result) == ["domino at batch size 2"] and "LOSSLESS CHECK FAILED" in caplog.text
+    assert "**Batched lossless check FAILED for: domino at batch size 2**" in markdown(result)
+    assert sorted(write_report(result, tmp_path)) == ["batch_throughput", "json", "markdown"]
+
+
+def test_cli_batch_size_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, caplog):
+    """`--batch-size 1,2` through the chat template: padded with the tokenizer's pad token, per-B rows written,
+    prompt lookup n/a at B = 2, every method lossless, the throughput plot."""
+    from domino_hf import DominoDraftModel
+
+    target = make_tiny_target(vocab_size=len(tiny_tokenizer))
+    draft = DominoDraftModel.from_target(target, num_hidden_layers=1, block_size=4)
+    draft.save_pretrained(tmp_path / "draft")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"id": i, "prompt": " ".join(["w1", "w2"] * (i + 1))}) for i in range(3)))
+    monkeypatch.setattr(pipeline, "load_target", lambda name, dtype, device, **hub_options: (target, tiny_tokenizer))
+    argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--warmup", "1", "--max-new-tokens", "5",
+            "--methods", "autoregressive,prompt_lookup,domino", "--no-progress", "--out", str(tmp_path / "out"),
+            "--threads", "1", "--target-kernels", "stock", "--batch-size", "1,2"]
+    with caplog.at_level(logging.WARNING, logger="domino_hf.bench"):
+        assert bench_cli.run(_parse(argv)) == 0
+    assert "is not the prefill" not in caplog.text  # every batch's first target forward was its prefill
+    batch = json.loads((tmp_path / "out" / "bench.json").read_text())["batch"]
+    assert batch["config"]["pad_token_id"] == tiny_tokenizer.pad_token_id and batch["config"]["padding_side"] == "left"
+    assert set(batch["sizes"]) == {"1", "2"} and batch["sizes"]["2"]["prompt_lookup"]["supported"] is False
+    for size in ("1", "2"):
+        assert batch["sizes"][size]["domino"]["lossless"] is True
+        assert batch["sizes"][size]["autoregressive"]["lossless"] is True
+    assert batch["sizes"]["1"]["prompt_lookup"]["lossless"] is True
+    assert (tmp_path / "out" / "bench_batch_throughput.png").exists()
+    assert "## Batched decoding" in (tmp_path / "out" / "bench.md").read_text()

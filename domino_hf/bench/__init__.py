@@ -1,6 +1,7 @@
 """`domino bench`: measure speculative decoding (τ, acceptance, decode speedup, losslessness) on the
 🤗 Transformers backend. Library entry point: `run_benchmark(target, prompts, BenchConfig(...), draft=...)`,
-then `write_report(result, out_dir)`; the chained repeated-workload suite is `run_repeated` (`workloads.py`); the
+then `write_report(result, out_dir)`; batches of prompts at several batch sizes are `run_batch_sizes`
+(`batched.py`); the chained repeated-workload suite is `run_repeated` (`workloads.py`); the
 CLI lives in `cli.py`.
 
 The names below load on first use (PEP 562), so `domino bench --help` imports neither torch nor transformers."""
@@ -9,7 +10,7 @@ import importlib
 
 # name -> submodule that defines it
 _EXPORTS = {"ALL_METHODS": "runner", "BenchConfig": "runner", "BenchPrompt": "runner", "run_benchmark": "runner",
-            "run_repeated": "workloads", "write_report": "report", "markdown": "report"}
+            "run_batch_sizes": "batched", "run_repeated": "workloads", "write_report": "report", "markdown": "report"}
 
 
 def __getattr__(name):
@@ -24,4 +25,5 @@ def __dir__():
     return sorted(list(globals()) + list(_EXPORTS))
 
 
-__all__ = ["ALL_METHODS", "BenchConfig", "BenchPrompt", "run_benchmark", "run_repeated", "write_report", "markdown"]
+__all__ = ["ALL_METHODS", "BenchConfig", "BenchPrompt", "run_benchmark", "run_batch_sizes", "run_repeated",
+           "write_report", "markdown"]

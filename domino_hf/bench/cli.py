@@ -38,6 +38,9 @@ acceptance, the acceptance-length histogram, decode speedup vs autoregressive (p
 over prompts × repeats), end-to-end tokens/s, and a token-by-token lossless check of greedy outputs.
 With --profile (the default on CPU), each verify step's time split into target verify, draft backbone,
 base LM head, head rollout and loop overhead.
+With --batch-size, the prompts are also decoded in left-padded batches of each size (methods that take a
+batch only), and the report adds per batch size: tokens/s, per-row latency, τ per row-verify, speedups against plain
+batched decoding, a lossless check of every row, and a throughput plot.
 Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables.
 
 --suite repeated measures workloads that repeat themselves, where `domino_cache` has something to find: an
@@ -56,6 +59,7 @@ examples (D: a Domino draft folder or Hub id; in a domino-hf checkout drafts/smo
   domino bench --draft D --humaneval-pass1 --pass1-samples 5   # + HumanEval pass@1 at T>0 (slow)
   domino bench --draft D --suite repeated             # repeated_eval, refine_loop, edit_loop, chained turns
   domino bench --draft D --suite repeated --prompts refine_loop,mt_bench --temperature 0.7
+  domino bench --draft D --batch-size 1,2,4,8          # + left-padded batches: throughput, latency, τ per B
 
 prompt sets: humaneval, mt_bench (first turn; every turn with --suite repeated), alpaca, sum, qa, copy_heavy,
 translation, rag_qa, math_word, long_qa, long_sum, long_chat, repeated_eval, refine_loop, edit_loop, sharegpt,
@@ -64,6 +68,18 @@ or a JSONL path."""
 
 def _csv(value: str) -> list[str]:
     return [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _batch_sizes(value: str) -> list[int]:
+    """`--batch-size 1,2,4,8`: positive integers, ascending and once each; anything else is a one-line error."""
+    sizes = []
+    for item in value.split(","):
+        item = item.strip()
+        if not (item.isascii() and item.isdigit()) or int(item) < 1:
+            shown = repr(item) if item else "an empty item"
+            raise argparse.ArgumentTypeError(f"{shown} is not a batch size: give positive integers, e.g. 1,2,4,8")
+        sizes.append(int(item))
+    return sorted(set(sizes))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -158,6 +174,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                      help="prompts (records) per set (default: 10; with --suite repeated: all)")
     run.add_argument(
         "--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
+    )
+    run.add_argument(
+        "--batch-size",
+        metavar="LIST",
+        type=_batch_sizes,
+        default="1",  # a string default goes through `type`: [1]
+        help="comma-separated batch sizes: at each B > 1 the prompts (sorted by length, longest first) are decoded in "
+        "left-padded batches of B by every method that takes a batch (plain decoding, its stock-kernel baseline, "
+        "dflash, domino_no_lookup, domino, domino_cache; prompt_lookup and assisted are n/a), interleaved batch by "
+        "batch, and the report adds tokens/s, per-row latency, τ, speedups and a lossless check per B, and a "
+        "throughput plot; 1 = one prompt per call, the benchmark as without this option (default: %(default)s)",
     )
     run.add_argument(
         "--temperature",
@@ -288,7 +315,7 @@ def bench_request(args: argparse.Namespace):
         confidence_threshold=args.confidence_threshold, max_draft_tokens=args.max_draft_tokens,
         assistant=args.assistant, dtype=args.dtype, draft_dtype=args.draft_dtype, target_kernels=args.target_kernels,
         device=args.device, methods=args.methods, prompts=args.prompts, num_prompts=args.num_prompts, suite=args.suite,
-        system=args.system, chat_template=args.chat_template, threads=args.threads,
+        system=args.system, chat_template=args.chat_template, threads=args.threads, batch_sizes=args.batch_size,
         config=BenchConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed,
                            repeats=args.repeats, warmup=args.warmup, prompt_lookup_tokens=args.prompt_lookup_tokens,
                            profile=args.profile, progress=not args.no_progress),
@@ -301,7 +328,7 @@ def bench_request(args: argparse.Namespace):
 def run(args: argparse.Namespace) -> int:
     """Entry point of `domino bench`; returns the exit code (see the module doc)."""
     from .pipeline import UsageError, run_bench
-    from .report import markdown
+    from .report import lossless_failures, markdown
     from .stats import AR
 
     try:
@@ -311,7 +338,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     print(markdown(result))
     print(f"\nwritten: {', '.join(str(p) for p in paths.values())}")
-    failed = [m for m, v in result["methods"].items() if v["lossless"] is False]
+    failed = lossless_failures(result)
     if failed:
         logger.error("NOT LOSSLESS: %s produced different greedy tokens than %s decoding.", ", ".join(failed), AR)
         return 1

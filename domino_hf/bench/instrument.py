@@ -64,11 +64,16 @@ class ForwardCall:
 
 @dataclass
 class ForwardProbe:
-    """Forward pre/post hooks on one module; `calls` is reset by `reset()` before each generate."""
+    """Forward pre/post hooks on one module; `calls` is reset by `reset()` before each generate.
+
+    `synchronize` waits for CUDA around every call; `synchronize_first` around the first call after `reset()`
+    only (the prefill: its end is then when the device finished it, and the decode loop waits for each step's
+    logits anyway)."""
 
     module: torch.nn.Module
     synchronize: bool = False
     calls: list[ForwardCall] = field(default_factory=list)
+    synchronize_first: bool = False
 
     def __post_init__(self):
         self._start: list[tuple[float, int]] = []
@@ -78,7 +83,8 @@ class ForwardProbe:
         ]
 
     def _sync(self):
-        if self.synchronize and torch.cuda.is_available():
+        wanted = self.synchronize or (self.synchronize_first and not self.calls)
+        if wanted and torch.cuda.is_available():
             torch.cuda.synchronize()
 
     def _pre(self, module, args, kwargs):

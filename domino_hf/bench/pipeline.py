@@ -24,6 +24,7 @@ from ..data import check_prompt_source, read_prompts
 from ..dtypes import dtype_name, resolve_draft_dtype, torch_dtype
 from ..modeling.configuration_domino import draft_level_settings
 from ..utils import git_tracked, looks_like_local_path
+from .batched import run_batch_sizes
 from .humaneval import humaneval_pass1
 from .report import write_report
 from .runner import ALL_METHODS, AR, DEFAULT_METHODS, BenchConfig, BenchPrompt, run_benchmark
@@ -61,6 +62,7 @@ class BenchRequest:
     chat_template: str = "auto"
     threads: int | None = None
     config: BenchConfig = field(default_factory=BenchConfig)
+    batch_sizes: list[int] = field(default_factory=lambda: [1])  # [1]: one prompt per call, as without batching
     humaneval_pass1: bool = False
     pass1_problems: int = 20
     pass1_samples: int = 5
@@ -176,6 +178,18 @@ def choose_methods(requested: list[str] | None, assistant: str | None, suite: st
     return requested
 
 
+def check_batch_sizes(sizes, suite: str | None = None) -> list[int]:
+    """`--batch-size`'s sizes, ascending and once each; anything but positive integers, or a batch size above 1
+    with a suite (its turns chain one conversation at a time), is a `UsageError`."""
+    bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
+    if bad or not sizes:
+        raise UsageError(f"--batch-size: batch sizes are positive integers (e.g. 1,2,4,8), got {bad or 'none'}.")
+    if suite and max(sizes) > 1:
+        raise UsageError(f"--batch-size with --suite {suite}: the suite chains each conversation's turns one call "
+                         "at a time; drop --batch-size, or benchmark batches on one-off prompts (no --suite).")
+    return sorted(set(sizes))
+
+
 def load_target(name: str, dtype, device, **hub_options):
     """`targets.load_target`, a missing folder, package or Hub model being a `UsageError`."""
     try:
@@ -211,6 +225,7 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     if request.suite is not None and request.suite not in SUITES:
         raise UsageError(f"--suite {request.suite}: unknown; choose from {', '.join(SUITES)}.")
     methods = choose_methods(request.methods, request.assistant, request.suite)
+    batch_sizes = check_batch_sizes(request.batch_sizes, request.suite)
     if "domino_cache" in methods and not request.suite and request.config.repeats > 1:
         raise UsageError(
             "--methods domino_cache with --repeats > 1 outside a suite: a repeat would find its own earlier answer in "
@@ -284,8 +299,11 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     if request.suite:
         result = run_repeated(target, tokenizer, conversations, config, draft=draft, assistant=assistant,
                               system=request.system, chat_template=request.chat_template)
-    else:
+    elif batch_sizes == [1]:
         result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+    else:
+        result = run_batch_sizes(target, prompts, config, batch_sizes, draft=draft, assistant=assistant,
+                                 pad_token_id=tokenizer.pad_token_id)
     if request.humaneval_pass1:
         result["humaneval_pass1"] = humaneval_pass1(
             target,

@@ -18,6 +18,12 @@ JSON schema (top level):
   add_us_median, add_us_per_token, per_step_us}}}, the store at the end of each workload and its measured cost;
   `methods`: the same pooled over workloads (largest store, medians of the per-workload costs). The config then
   has `suite`, `reference_method`, `warmup_prompt` and `conversations`; `prompt_sets` counts turns.
+* `batch` (with `--batch-size` other than 1; `batched.py`): `config`: {sizes, order, pad_token_id, padding_side,
+  batches (per size)}; `sizes`: {B: {method: {supported, tau, tokens_per_s, tokens_per_s_e2e, row_ms_per_token,
+  speedup, speedup_vs_stock, lossless, mismatched_rows, prefill_ms, new_tokens, row_steps, forwards, num_batches,
+  num_rows, step_sources}}}, a method that takes one sequence at a time being {supported: false, note} at B ≥ 2;
+  `mismatches`: {method: [first rows that differ from plain batched decoding]}; `runs`: one entry per timed batch.
+  B = 1 is the single-sequence run of the top level; without 1 among the sizes, `methods` and `runs` are empty.
 * `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
 * `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings, and `phase_ms`
   when profiling).
@@ -147,6 +153,48 @@ CACHE_NOTE = (
 )
 
 
+BATCH_NOTE = (
+    "The prompts, sorted by length (longest first), decoded in left-padded batches of B; at each B the methods run "
+    "interleaved batch by batch after a warm-up. tokens/s = the rows' generated tokens after the prefill (pads "
+    "excluded) ÷ the batches' decode time (prefill excluded), pooled over batches; speedup = tokens/s ÷ plain batched "
+    "decoding's at the same B on the same kernels; row ms/token = a batch's decode time ÷ a row's tokens, median over "
+    "rows; τ = tokens per row-verify (bonus included); lossless = every row token-identical to plain batched decoding "
+    "at the same B. B = 1 is the single-sequence run, its decode timed from the first generated token to the last."
+)
+
+
+def batch_table(batch: dict) -> str:
+    """One row per batch size and method: τ, throughput, speedups, a row's latency, losslessness; n/a rows for the
+    methods that take one sequence at a time."""
+    sizes = batch["sizes"]
+    vs_stock = any(m.get("speedup_vs_stock") is not None for block in sizes.values() for m in block.values())
+    header = ["batch size", "method", "τ", "tokens/s", "speedup", *(["vs stock transformers"] if vs_stock else []),
+              "row ms/token", "tokens/s (e2e)", "lossless"]
+    rows = []
+    for size, block in sizes.items():
+        for name, m in block.items():
+            if not m["supported"]:
+                rows.append([size, name, *["n/a"] * (len(header) - 3), "n/a (one sequence at a time)"])
+                continue
+            rows.append([size, name, _fmt(m["tau"]), _fmt(m["tokens_per_s"], "{:.1f}"), _fmt(m["speedup"], "{:.2f}×"),
+                         *([_fmt(m["speedup_vs_stock"], "{:.2f}×")] if vs_stock else []),
+                         _fmt(m["row_ms_per_token"], "{:.1f}"), _fmt(m["tokens_per_s_e2e"], "{:.1f}"),
+                         _lossless(m["lossless"], name)])
+    return _table(header, rows)
+
+
+def batch_lossless_failures(result: dict) -> list[str]:
+    """'method at batch size B' for every B ≥ 2 where a method's greedy rows differed from plain batched decoding."""
+    sizes = (result.get("batch") or {}).get("sizes", {})
+    return [f"{m} at batch size {b}" for b, block in sizes.items() if b != "1"
+            for m, v in block.items() if v.get("lossless") is False]
+
+
+def lossless_failures(result: dict) -> list[str]:
+    """Every method whose greedy output differed from plain decoding: single-sequence, then per batch size."""
+    return [m for m, v in result["methods"].items() if v["lossless"] is False] + batch_lossless_failures(result)
+
+
 def pass1_table(pass1: dict) -> str:
     rows = [
         [name, f"{r['pass1']:.3f}", f"[{r['ci95'][0]:.3f}, {r['ci95'][1]:.3f}]", str(r["num_samples"])]
@@ -202,14 +250,18 @@ def markdown(result: dict) -> str:
         f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
         f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s), dtype "
         f"{config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
-        "",
-        "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
-        "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
-        f"(`{config.get('target_kernels', 'stock')}`)." + STOCK_NOTE * (AR_STOCK in result["methods"])
-        + HUB_KERNELS_NOTE * bool(config.get("target_hub_kernels")),
-        "",
-        methods_table(result["methods"]),
     ]
+    kernels = f"(`{config.get('target_kernels', 'stock')}`)."
+    hub_note = HUB_KERNELS_NOTE * bool(config.get("target_hub_kernels"))
+    if result["methods"]:  # empty when only batches ran (`--batch-size` without 1)
+        parts += [
+            "",
+            "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
+            "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
+            f"{kernels}" + STOCK_NOTE * (AR_STOCK in result["methods"]) + hub_note,
+            "",
+            methods_table(result["methods"]),
+        ]
     if config.get("suite") == "repeated":
         parts += ["", f"Turns run chained: each prompt holds the conversation so far with "
                   f"`{config['reference_method']}`'s answers. Warm-up on a prompt of no workload; every store emptied "
@@ -228,19 +280,28 @@ def markdown(result: dict) -> str:
             "",
             profile_table(result["profile"]),
         ]
-    elif config.get("profile") is False:
+    elif config.get("profile") is False and result["methods"]:
         parts += ["", "Per-step profile off (it synchronises CUDA); run with `--profile` for it."]
+    if result.get("batch"):
+        stock = any(AR_STOCK in block for block in result["batch"]["sizes"].values())
+        note = f"{BATCH_NOTE} Every method on the same target kernels {kernels}" + STOCK_NOTE * stock
+        parts += ["", "## Batched decoding: throughput by batch size", "", note + hub_note * (not result["methods"]),
+                  "", batch_table(result["batch"])]
     if result.get("humaneval_pass1"):
         parts += ["", "## HumanEval pass@1 (sampling)", "", pass1_table(result["humaneval_pass1"])]
     bad = [m for m, v in result["methods"].items() if v["lossless"] is False]
     if bad:
         parts += ["", f"**Lossless check FAILED for: {', '.join(bad)}** (see `mismatches` in the JSON)."]
+    batch_bad = batch_lossless_failures(result)
+    if batch_bad:
+        parts += ["", f"**Batched lossless check FAILED for: {', '.join(batch_bad)}** (see `batch.mismatches` in the "
+                  "JSON)."]
     return "\n".join(parts) + "\n"
 
 
 def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
-    """Acceptance-length histogram, per-position acceptance, speedup bars and, when profiled, the per-step
-    time split (matplotlib, Agg)."""
+    """Acceptance-length histogram, per-position acceptance, speedup bars, when profiled the per-step time split,
+    and with batch sizes the throughput by batch size (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,6 +311,10 @@ def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
     methods = result["methods"]
     drafting = {n: m for n, m in methods.items() if m["per_position_acceptance"]}
     written = []
+    if result.get("batch"):
+        written.append(plot_batch_throughput(result["batch"], out_dir / f"{stem}_batch_throughput.png"))
+    if not methods:  # only batches ran
+        return written
 
     fig, ax = plt.subplots(figsize=(7, 4))
     width = 0.8 / max(len(drafting), 1)
@@ -291,6 +356,25 @@ def plot(result: dict, out_dir: Path, stem: str = "bench") -> list[Path]:
     if result.get("profile"):
         written.append(plot_profile(result["profile"], out_dir / f"{stem}_profile.png"))
     return written
+
+
+def plot_batch_throughput(batch: dict, path: Path) -> Path:
+    """Tokens/s (decode, pads excluded) against the batch size, one line per method that takes a batch."""
+    import matplotlib.pyplot as plt
+
+    sizes = batch["sizes"]
+    names = list(dict.fromkeys(n for block in sizes.values() for n, m in block.items() if m["supported"]))
+    single = {n for block in sizes.values() for n, m in block.items() if not m["supported"]}
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name in names:
+        points = [(int(b), block[name]["tokens_per_s"]) for b, block in sizes.items()
+                  if block.get(name, {}).get("tokens_per_s") is not None]
+        if points:
+            ax.plot(*zip(*points), marker="o", label=name + " (B = 1 only)" * (name in single))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([int(b) for b in sizes], [str(b) for b in sizes])
+    ax.set(xlabel="batch size", ylabel="tokens/s of the batch (decode)", ylim=(0, None))
+    return _save(fig, ax, "Throughput by batch size", bool(names), path)
 
 
 def plot_profile(profile: dict, path: Path) -> Path:

@@ -56,6 +56,10 @@ class BenchPrompt:
     prompt_id: str
     input_ids: list[int]
 
+    @property
+    def label(self) -> str:
+        return f"{self.prompt_set}/{self.prompt_id}"
+
 
 @dataclass
 class BenchConfig:
@@ -95,7 +99,9 @@ class Method:
     def reset(self) -> None:
         """Forget what earlier calls left behind (a cross-request store); called after the warm-up."""
 
-    def generate(self, target, input_ids, generation_config, streamer) -> torch.Tensor:
+    def generate(self, target, input_ids, generation_config, streamer, attention_mask=None) -> torch.Tensor:
+        """One `generate` call on `input_ids` ((B, L); `attention_mask` marks a batch's left padding, all ones
+        when None)."""
         fields = self.config_fields()
         if fields:
             generation_config = copy.deepcopy(generation_config)
@@ -103,7 +109,7 @@ class Method:
                 setattr(generation_config, key, value)
         return target.generate(
             input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
+            attention_mask=torch.ones_like(input_ids) if attention_mask is None else attention_mask,
             generation_config=generation_config,
             streamer=streamer,
             **self.generate_kwargs(),
@@ -390,22 +396,8 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
     methods, kernels = prepare_methods(target, config, draft, assistant, profile)
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
     probes = Probes(target, [assistant], profile)
-    runs: list[RunRecord] = []
-    total = len(methods) * (len(prompts) * config.repeats)
     try:
-        from tqdm.auto import tqdm
-
-        warm_up(target, methods, prompts[0], config, generation_config, probes)
-        with tqdm(total=total, desc="bench", unit="run", disable=not config.progress) as bar:
-            for p, prompt in enumerate(prompts):
-                for repeat in range(config.repeats):
-                    seed = None if config.greedy else config.seed + 1000 * p + repeat
-                    shift = (p + repeat) % len(methods)
-                    for method in methods[shift:] + methods[:shift]:
-                        record = run_once(target, method, prompt, repeat, generation_config, probes, seed)
-                        runs.append(record)
-                        bar.set_postfix_str(f"{prompt.prompt_set}/{prompt.prompt_id} {method.name}")
-                        bar.update()
+        runs = run_interleaved(target, methods, prompts, config, generation_config, probes, run_once)
     finally:
         probes.remove()
 
@@ -416,6 +408,28 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
     result["runs"] = [r.summary() for r in runs]
     log_mismatches(result)
     return result
+
+
+def run_interleaved(target, methods: list[Method], items: list, config: BenchConfig, generation_config, probes,
+                    run, desc: str = "bench") -> list:
+    """Warm up on `items[0]`, then run every method on every item (a prompt, or a batch of prompts) `config.repeats`
+    times, the methods' order rotated per item and repeat; `run(target, method, item, repeat, generation_config,
+    probes, seed)` times one call (`run_once`). Sampling seeds depend on the item and the repeat only."""
+    from tqdm.auto import tqdm
+
+    warm_up(target, methods, items[0], config, generation_config, probes, run)
+    records = []
+    with tqdm(total=len(methods) * len(items) * config.repeats, desc=desc, unit="run",
+              disable=not config.progress) as bar:
+        for p, item in enumerate(items):
+            for repeat in range(config.repeats):
+                seed = None if config.greedy else config.seed + 1000 * p + repeat
+                shift = (p + repeat) % len(methods)
+                for method in methods[shift:] + methods[:shift]:
+                    records.append(run(target, method, item, repeat, generation_config, probes, seed))
+                    bar.set_postfix_str(f"{item.label} {method.name}")
+                    bar.update()
+    return records
 
 
 def prepare_methods(target, config: BenchConfig, draft=None, assistant=None,
@@ -437,12 +451,13 @@ def prepare_methods(target, config: BenchConfig, draft=None, assistant=None,
 
 
 def warm_up(target, methods: list[Method], prompt: BenchPrompt, config: BenchConfig, generation_config,
-            probes) -> None:
-    """`config.warmup` untimed calls per method on `prompt`, then every method's `reset` (a store the warm-up
-    filled starts the timed runs empty)."""
+            probes, run=None) -> None:
+    """`config.warmup` untimed calls per method on `prompt` (a batch of prompts when `run` times batches), then
+    every method's `reset` (a store the warm-up filled starts the timed runs empty)."""
+    run = run or run_once
     for method in methods:
         for w in range(config.warmup):
-            run_once(target, method, prompt, -1, generation_config, probes, config.seed + w)
+            run(target, method, prompt, -1, generation_config, probes, config.seed + w)
         method.reset()
 
 

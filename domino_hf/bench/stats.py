@@ -52,12 +52,12 @@ def histogram(accepted: list[int]) -> dict[str, int]:
     return {str(n): counts.get(n, 0) for n in range(1, top + 1)}
 
 
-def _median(values: list[float]) -> float | None:
+def median(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
 
 
-def _ratio(num: float | None, den: float | None) -> float | None:
+def ratio(num: float | None, den: float | None) -> float | None:
     return num / den if num is not None and den else None
 
 
@@ -68,41 +68,41 @@ def summarize_method(
     drafted = [d for r in runs for d in r.drafted]
     accepted = [a for r in runs for a in r.accepted]
     rates, seen = per_position_acceptance(drafted, accepted)
-    ms = _median([r.decode_ms_per_token for r in runs])
+    ms = median([r.decode_ms_per_token for r in runs])
     result = {
         "tau": acceptance_length(accepted),
         "speedup": None,
         "speedup_paired": None,
         "speedup_vs_stock": None,
-        "tokens_per_s": _ratio(sum(r.new_tokens for r in runs), sum(r.total_s for r in runs)),
+        "tokens_per_s": ratio(sum(r.new_tokens for r in runs), sum(r.total_s for r in runs)),
         "decode_ms_per_token": ms,
-        "prefill_ms": _median([1000 * r.prefill_s for r in runs]),
+        "prefill_ms": median([1000 * r.prefill_s for r in runs]),
         "lossless": None,
         "per_position_acceptance": rates,
         "per_position_drafted": seen,
         "histogram": histogram(accepted),
-        "mean_drafted_per_step": _ratio(sum(drafted), len(drafted)),
+        "mean_drafted_per_step": ratio(sum(drafted), len(drafted)),
         "num_steps": len(accepted),
-        "step_sources": _source_shares([s for r in runs for s in r.sources]),
+        "step_sources": source_shares([s for r in runs for s in r.sources]),
         "num_runs": len(runs),
         "new_tokens": sum(r.new_tokens for r in runs),
     }
     if ar_runs:
-        ar_ms = _median([r.decode_ms_per_token for r in ar_runs])
-        result["speedup"] = 1.0 if runs is ar_runs else _ratio(ar_ms, ms)
+        ar_ms = median([r.decode_ms_per_token for r in ar_runs])
+        result["speedup"] = 1.0 if runs is ar_runs else ratio(ar_ms, ms)
         by_key = {(r.prompt_set, r.prompt_id, r.repeat): r.decode_ms_per_token for r in ar_runs}
         paired = [
-            _ratio(by_key.get((r.prompt_set, r.prompt_id, r.repeat)), r.decode_ms_per_token)
+            ratio(by_key.get((r.prompt_set, r.prompt_id, r.repeat)), r.decode_ms_per_token)
             for r in runs
             if r.decode_ms_per_token
         ]
-        result["speedup_paired"] = 1.0 if runs is ar_runs else _median(paired)
+        result["speedup_paired"] = 1.0 if runs is ar_runs else median(paired)
     if stock_runs:
-        result["speedup_vs_stock"] = _ratio(_median([r.decode_ms_per_token for r in stock_runs]), ms)
+        result["speedup_vs_stock"] = ratio(median([r.decode_ms_per_token for r in stock_runs]), ms)
     return result
 
 
-def _source_shares(sources: list[str]) -> dict[str, float] | None:
+def source_shares(sources: list[str]) -> dict[str, float] | None:
     """Share of verify steps per proposal source (a Domino draft's domino / lookup / cache / none), None
     without."""
     if not sources:
@@ -149,12 +149,12 @@ def profile_method(runs: list[RunRecord]) -> dict:
         "draft_ms": draft,
         "ms_per_step": ms,
         "ratios": {
-            "draft_to_verify": _ratio(draft, ms["target_verify"]) if draft else None,
-            "head_rollout_to_draft": _ratio(ms["head_rollout"], draft) if domino_phases else None,
-            "loop_overhead_to_step": _ratio(ms["loop_overhead"], step),
+            "draft_to_verify": ratio(draft, ms["target_verify"]) if draft else None,
+            "head_rollout_to_draft": ratio(ms["head_rollout"], draft) if domino_phases else None,
+            "loop_overhead_to_step": ratio(ms["loop_overhead"], step),
         },
-        "prefill_ms_median": _median([1000 * r.prefill_s for r in runs]),
-        "target_prefill_ms_median": _median([1000 * r.target_prefill_s for r in runs]),
+        "prefill_ms_median": median([1000 * r.prefill_s for r in runs]),
+        "target_prefill_ms_median": median([1000 * r.target_prefill_s for r in runs]),
     }
 
 
