@@ -4,9 +4,11 @@
     lm_eval.simple_evaluate(model=DominoLM(pretrained=TARGET, draft=DRAFT), tasks=[...])
 
 `DominoLM` is lm-eval's `HFLM` with one change: `generate_until` requests go through
-`generate(assistant_model=draft)`, one sequence at a time (a Domino draft verifies one sequence). Loglikelihood
-requests need no draft and run exactly as `hf` runs them, batched by `--batch_size`. Speculative decoding is
-lossless, so the scores are those of plain decoding; what changes is the time generation takes.
+`generate(assistant_model=draft)`, in the batches `hf` makes (`--batch_size`): a left-padded batch of two or more
+prompts runs the draft's batched verify loop, whose every row is token-identical to plain batched decoding (its
+padding included), so the samples are those of `hf` at the same batch size. Loglikelihood requests need no draft
+and run exactly as `hf` runs them. Speculative decoding is lossless, so the scores are those of plain decoding;
+what changes is the time generation takes.
 
 Per task, the draft's acceptance length τ (bonus token included), the share of verify steps per source (the
 Domino block, a span looked up in the context, a span from the suffix cache of earlier generations, a plain
@@ -82,8 +84,6 @@ class DominoLM(HFLM):
         self.draft_name = draft if isinstance(draft, str) else getattr(getattr(draft, "config", None), "_name_or_path",
                                                                       None)
         self.draft = _load_draft(draft, draft_dtype, self.model) if draft is not None else None
-        if self.draft is not None:
-            self.draft.to(self.device).eval()
         self.prompt_lookup_num_tokens = None if prompt_lookup_num_tokens is None else int(prompt_lookup_num_tokens)
         self.use_suffix_cache = None if use_suffix_cache is None else _as_bool(use_suffix_cache)
         if optimize_cpu and on_cpu:
@@ -116,27 +116,30 @@ class DominoLM(HFLM):
         return answers
 
     def _model_generate(self, context, max_length: int, stop: list[str], **generation_kwargs) -> torch.Tensor:
-        """Each row of the (left-padded) batch generated alone, with the draft; the rows are padded back into
-        HFLM's layout: the padded context, then the new tokens, then EOS (a stop sequence HFLM cuts at)."""
-        mask = generation_kwargs.pop("attention_mask", None)
+        """HFLM's one `generate` call for the whole (left-padded) batch, with the draft as `assistant_model`: for
+        two or more rows the draft's batched verify loop, which returns what plain batched decoding returns."""
         if self.draft is not None:
             generation_kwargs["assistant_model"] = self.draft
             if self.prompt_lookup_num_tokens is not None:
                 generation_kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_num_tokens
             if self.use_suffix_cache is not None:
                 generation_kwargs["use_suffix_cache"] = self.use_suffix_cache
-        width = context.shape[1]
-        rows = []
-        for row in range(context.shape[0]):
-            keep = mask[row].bool() if mask is not None else torch.ones(width, dtype=torch.bool)
-            prompt = context[row][keep.to(context.device)][None]  # (1, L) without its left padding
-            start = time.perf_counter()
-            out = super()._model_generate(prompt, max_length - (width - prompt.shape[1]), stop, **generation_kwargs)
-            self._record(out.shape[1] - prompt.shape[1], time.perf_counter() - start)
-            rows.append(torch.cat([context[row], out[0, prompt.shape[1]:]]))
-        eos = self.eot_token_id
-        longest = max(len(r) for r in rows)
-        return torch.stack([torch.cat([r, r.new_full((longest - len(r),), eos)]) for r in rows])
+        start = time.perf_counter()
+        out = super()._model_generate(context, max_length, stop, **generation_kwargs)
+        self._record(self._generated_tokens(out[:, context.shape[1]:]), time.perf_counter() - start)
+        return out
+
+    def _generated_tokens(self, new: torch.Tensor) -> int:
+        """Tokens the rows of a batch generated, `new` being the (B, T) columns after the prompts: each row up to
+        its first EOS (kept), after which plain batched decoding writes pad tokens; a row without one, all T
+        (lm-eval's stop sequences end the batch only once every row has one, so no row is padded for them)."""
+        eos = self.model.generation_config.eos_token_id
+        eos = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+        if not eos or new.shape[1] == 0:
+            return new.numel()
+        ended = torch.isin(new, torch.tensor(eos, device=new.device))
+        lengths = torch.where(ended.any(dim=1), ended.int().argmax(dim=1) + 1, new.shape[1])
+        return int(lengths.sum())
 
     def _record(self, new_tokens: int, seconds: float) -> None:
         if self._task is None:
@@ -203,14 +206,13 @@ def _dtype(name):
 
 
 def _load_draft(draft, draft_dtype, target):
-    """A draft folder or Hub id through domino_hf's own class: domino-hf's format or the published Domino
-    checkpoints' dialect."""
+    """A loaded draft on the target's device, or a folder or Hub id loaded with `targets.load_draft` (domino_hf's
+    own class: domino-hf's format or the published Domino checkpoints' dialect)."""
     if not isinstance(draft, str):
-        return draft
-    from .modeling import DominoDraftModel
+        return draft.to(target.device).eval()
+    from .targets import load_draft
 
-    dtype = _dtype(draft_dtype) if draft_dtype else target.dtype
-    return DominoDraftModel.from_pretrained(draft, dtype=dtype)
+    return load_draft(draft, target, _dtype(draft_dtype) if draft_dtype else None)
 
 
 def evaluate_with_stats(evaluate, *args, **kwargs) -> dict | None:

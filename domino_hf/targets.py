@@ -66,6 +66,18 @@ def load_target(
     return _finish(model, tokenizer, device)
 
 
+def load_draft(name_or_path: str, target: Any, dtype: torch.dtype | None = None) -> Any:
+    """A Domino draft for `target` (a folder or Hub id) through domino_hf's own class, so both domino-hf's format
+    and the published Domino checkpoints' dialect load: in `dtype` (default: the target's), on the target's
+    device, in eval mode. A draft built for another target is refused at once, naming the mismatch."""
+    from .modeling import DominoDraftModel
+    from .modeling.target_domino import check_draft_fits_target
+
+    draft = DominoDraftModel.from_pretrained(name_or_path, dtype=dtype or target.dtype)
+    check_draft_fits_target(draft.config, target)
+    return draft.to(target.device).eval()
+
+
 def load_target_tokenizer(name_or_path: str = "smollm2", **hub: Any) -> tuple[Any, GenerationConfig]:
     """The target's tokenizer and generation config, without its weights (to drive a server that holds them).
 

@@ -1,6 +1,7 @@
-"""lm-evaluation-harness with a Domino draft: `--model domino` gives exactly `--model hf`'s samples and scores on a
-local generate-until task and a loglikelihood task (the example tasks in examples/lm_eval), reports τ, and runs
-through `domino lm-eval`. Tiny random targets of two architectures; no download."""
+"""lm-evaluation-harness with a Domino draft: `--model domino` gives exactly `--model hf`'s samples and scores, at
+batch size 1 and in batches, on a local generate-until task and a loglikelihood task (the example tasks in
+examples/lm_eval), reports τ, and runs through `domino lm-eval`. Tiny random targets of two architectures; no
+download."""
 
 from __future__ import annotations
 
@@ -67,28 +68,44 @@ def scores(results):
             for task, metrics in results["results"].items()}
 
 
-def test_domino_gives_hf_samples_and_scores(setup):
-    """Same generations (every sample) and the same metrics, task by task, with the suffix cache on (as
-    `--model_args` passes it: a string); τ comes from real drafting."""
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_domino_gives_hf_samples_and_scores(setup, batch_size):
+    """Same generations (every sample) and the same metrics as `hf` at the same batch size, task by task, with the
+    suffix cache on (as `--model_args` passes it: a string). At batch size 4 the six requests go as batches of 4
+    and 2, left-padded, through the draft's batched verify loop."""
     root, tasks = setup
-    hf = evaluate(root, tasks, "hf")
-    domino = evaluate(root, tasks, "domino", draft=str(root / "draft"), optimize_cpu=False, use_suffix_cache="True")
+    hf = evaluate(root, tasks, "hf", batch_size=batch_size)
+    domino = evaluate(root, tasks, "domino", batch_size=batch_size, draft=str(root / "draft"), optimize_cpu=False,
+                      use_suffix_cache="True")
     assert samples(domino) == samples(hf)
     assert scores(domino) == scores(hf)
     generated = domino["samples"]["domino_alpaca"]
     assert any(s["resps"][0][0] for s in generated)  # something was generated, not only empty strings
 
 
-def test_batch_size_above_one_batches_loglikelihood_and_generates_one_by_one(setup):
-    """`batch_size=3`: loglikelihood requests are batched as `hf` batches them; generation runs one sequence at a
-    time with the draft, so its samples are those of `hf` at batch size 1."""
+def test_batch_size_above_one_generates_each_batch_in_one_call(setup):
+    """`batch_size=3`: one `generate` call per lm-eval batch (5 requests: batches of 3 and 2), each with the
+    draft and a per-row record of its steps; the samples are `hf`'s at batch size 3, and its loglikelihoods too.
+    Without a draft, `domino` is plain batched decoding: `hf`'s samples again."""
     root, tasks = setup
-    hf_one = evaluate(root, tasks, "hf", limit=5)
-    hf_three = evaluate(root, tasks, "hf", limit=5, batch_size=3)
-    domino = evaluate(root, tasks, "domino", limit=5, batch_size=3, draft=str(root / "draft"), optimize_cpu=False)
-    assert samples(domino)["domino_alpaca"] == samples(hf_one)["domino_alpaca"]
-    assert samples(domino)["domino_alpaca_loglikelihood"] == samples(hf_three)["domino_alpaca_loglikelihood"]
-    assert scores(domino)["domino_alpaca_loglikelihood"] == scores(hf_three)["domino_alpaca_loglikelihood"]
+    hf = evaluate(root, tasks, "hf", limit=5, batch_size=3)
+    lm = DominoLM(pretrained=str(root / "target"), draft=str(root / "draft"), device="cpu", optimize_cpu=False,
+                  batch_size=3)
+    calls = []
+    generate = lm.model.generate
+
+    def spy(*args, **kwargs):
+        output = generate(*args, **kwargs)
+        calls.append((kwargs["input_ids"].shape[0], kwargs.get("assistant_model"), lm.draft.last_generation_stats))
+        return output
+
+    lm.model.generate = spy
+    domino = evaluate(root, tasks, lm, limit=5)
+    assert samples(domino) == samples(hf) and scores(domino) == scores(hf)
+    assert [(rows, assistant) for rows, assistant, _ in calls] == [(3, lm.draft), (2, lm.draft)]
+    assert all(len(stats.per_row) == rows for rows, _, stats in calls)
+    plain = evaluate(root, tasks, "domino", limit=5, batch_size=3, optimize_cpu=False)
+    assert samples(plain) == samples(hf)
 
 
 def test_stats_per_task(setup):

@@ -78,3 +78,40 @@ def test_seeded_sampling_through_the_pipeline_repeats_itself(setup):
         texts.append(pipe(PROMPT, max_new_tokens=16, return_full_text=False))
         assert_drafted(draft.last_generation_stats)
     assert texts[0] == texts[1] == texts[2] != texts[3]  # it samples, and repeats itself under one seed
+
+
+PROMPTS = ["w3 w7 w1 w9 w4", "w5", "w8 w2 w11", "w1 w2 w3 w4 w5 w6 w7 w8", "w40 w41", "w12 w60 w33 w2"]
+
+
+@pytest.mark.parametrize("batch_size", [2, 3, 4])
+def test_batch_size_batches_with_the_draft(setup, batch_size, monkeypatch):
+    """`pipeline(..., assistant_model=draft, batch_size=N)` over prompts of different lengths: the pipeline pads each
+    batch on the left (it switches a right-padding tokenizer to left padding itself) and generates it in one
+    `generate` call, which the draft's batched verify loop serves; the texts are those of the pipeline without the
+    draft at that batch size, on a first pass and on a second that drafts whole spans from the first's answers."""
+    target, tokenizer, draft, _ = setup
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.padding_side = "right"
+    draft = copy.deepcopy(draft)
+    draft.generation_config.use_suffix_cache = True
+    reference = pipeline("text-generation", model=target, tokenizer=tokenizer, batch_size=batch_size)(PROMPTS, **GREEDY)
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft, batch_size=batch_size)
+    assert tokenizer.padding_side == "left"
+    calls = []
+    generate = target.generate
+
+    def spy(**kwargs):
+        output = generate(**kwargs)
+        calls.append((kwargs["input_ids"].shape[0], kwargs.get("assistant_model") is draft,
+                      draft.last_generation_stats))
+        return output
+
+    monkeypatch.setattr(target, "generate", spy)
+    for _ in range(2):
+        assert pipe(PROMPTS, **GREEDY) == reference
+    sizes = [min(batch_size, len(PROMPTS) - first) for first in range(0, len(PROMPTS), batch_size)]
+    assert [(rows, drafted) for rows, drafted, _ in calls] == [(rows, True) for rows in sizes * 2]
+    assert all(len(stats.per_row) == rows for rows, _, stats in calls if rows > 1)  # one record per row
+    first, second = ([s for _, _, stats in half for s in stats.accepted] for half in (calls[:len(sizes)],
+                                                                                       calls[len(sizes):]))
+    assert sum(second) > sum(first)  # the second pass accepted the first pass's answers from the suffix cache

@@ -217,3 +217,111 @@ def test_length_batches_sort_within_windows_and_keep_every_prompt():
     assert sorted(item.id for b in batches for item in b) == list(range(len(lengths)))
     assert [item.id for b in batches for item in b] == [
         item.id for b in regen.length_batches(todo, batch_size=3, window=2) for item in b]
+
+
+# ------------------------------------------------------------------------------------------- --draft
+@pytest.fixture
+def tiny_draft(tiny_llama):
+    """A random Domino draft for `tiny_llama`, its suffix cache on: a second pass over the same prompts drafts
+    whole spans from the first pass's answers, so rows accept different numbers of tokens per step."""
+    from conftest import make_tiny_draft
+
+    draft = make_tiny_draft(tiny_llama[0])
+    draft.generation_config.use_suffix_cache = True
+    return draft
+
+
+@pytest.mark.parametrize("stop", [False, True])
+def test_draft_gives_the_answers_of_plain_decoding(tiny_llama, tiny_draft, tmp_path, stop, caplog, monkeypatch):
+    """`regenerate(draft=...)`: every batch through `generate(assistant_model=draft)` (batches of 4, 4 and 1 over
+    prompts of different lengths; some answers end at EOS, some at a stop text, some at the length limit) writes
+    exactly the rows of the default decoder, on a first pass and on a second one that drafts from the suffix cache;
+    the summary and the log carry the draft's τ."""
+    import logging
+
+    model, tokenizer = tiny_llama
+    prompts = _prompts(9)
+    _eos_from_output(model, tokenizer, prompts)
+    stops = None
+    if stop:
+        regenerate(model, tokenizer, prompts, tmp_path / "full.jsonl", batch_size=4, max_new_tokens=10)
+        stops = [tokenizer.decode(_rows(tmp_path / "full.jsonl")[1]["response_ids"][1:3])]
+        assert stops[0]
+    plain = regenerate(model, tokenizer, prompts, tmp_path / "plain.jsonl", batch_size=4, max_new_tokens=10,
+                       stop=stops)
+    assert "tau" not in plain
+    batches = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda **kw: batches.append(len(kw["input_ids"])) or generate(**kw))
+    passes = []
+    for name in ("first", "second"):
+        with caplog.at_level(logging.INFO, logger="domino_hf"):
+            caplog.clear()
+            passes.append(regenerate(model, tokenizer, prompts, tmp_path / f"{name}.jsonl", batch_size=4,
+                                     max_new_tokens=10, stop=stops, draft=tiny_draft))
+        assert _rows(tmp_path / f"{name}.jsonl") == _rows(tmp_path / "plain.jsonl")
+        assert "the draft's tau" in caplog.text
+    rows = _rows(tmp_path / "plain.jsonl")
+    assert 0 < sum(r["finished"] for r in rows) < len(rows)  # answers that end and answers cut at the limit
+    if stop:  # and answers that end at the stop text
+        assert any(len(r["response_ids"]) < len(full["response_ids"]) and r["finished"]
+                   for r, full in zip(rows, _rows(tmp_path / "full.jsonl")))
+    first, second = passes
+    assert first["verify_steps"] > 0 and first["tau"] >= 1.0
+    assert second["tau"] > first["tau"]  # the suffix cache of the first pass was drafted from, and accepted
+    assert batches == [4, 4, 1] * 2
+
+
+def test_draft_run_resumes(tiny_llama, tiny_draft, tmp_path):
+    """A run with the draft resumes a file (here one written without it) and ends with the rows of a fresh run."""
+    model, tokenizer = tiny_llama
+    out = tmp_path / "regen.jsonl"
+    regenerate(model, tokenizer, _prompts(3), out, batch_size=2, max_new_tokens=6)
+    summary = regenerate(model, tokenizer, _prompts(7), out, batch_size=3, max_new_tokens=6, draft=tiny_draft)
+    assert (summary["written"], summary["skipped_existing"]) == (4, 3)
+    fresh = tmp_path / "fresh.jsonl"
+    regenerate(model, tokenizer, _prompts(7), fresh, batch_size=3, max_new_tokens=6)
+    assert sorted(_rows(out), key=lambda r: r["id"]) == sorted(_rows(fresh), key=lambda r: r["id"])
+
+
+def test_a_draft_needs_the_generate_decoder(tiny_llama, tiny_draft):
+    model, tokenizer = tiny_llama
+    with pytest.raises(ValueError, match="decoder='generate'"):
+        generate_batch(model, [[5, 6]], tokenizer.pad_token_id, [tokenizer.eos_token_id], 2, draft=tiny_draft)
+
+
+def test_cli_draft(tiny_llama, tiny_draft, tmp_path, monkeypatch, caplog):
+    """`domino regen --draft FOLDER`: the draft loads in the target's dtype, drafts every batch, the answers are
+    those without it and the log says its τ; with --endpoint or --responses source, or built for another target, it
+    is refused before anything is written."""
+    import logging
+
+    parser = argparse.ArgumentParser(prog="domino")
+    regen_cli.register(parser.add_subparsers())
+    tiny_draft.save_pretrained(tmp_path / "draft")
+    prompts_file = tmp_path / "p.jsonl"
+    prompts_file.write_text("".join(json.dumps({"id": r.id, "prompt": r.turns[0]}) + "\n"
+                                    for r in _prompts(5).records))
+    monkeypatch.setattr("domino_hf.targets.load_target", lambda name, dtype, device, **hub_options: tiny_llama)
+    common = ["regen", "--prompts", str(prompts_file), "--max-new-tokens", "6", "--device", "cpu", "--batch-size", "3"]
+    args = parser.parse_args([*common, "--out", str(tmp_path / "plain.jsonl")])
+    assert args.func(args) == 0
+    args = parser.parse_args([*common, "--out", str(tmp_path / "draft.jsonl"), "--draft", str(tmp_path / "draft")])
+    assert args.draft == str(tmp_path / "draft")
+    with caplog.at_level(logging.INFO, logger="domino_hf"):
+        assert args.func(args) == 0
+    assert _rows(tmp_path / "draft.jsonl") == _rows(tmp_path / "plain.jsonl")
+    assert "the draft's tau" in caplog.text and "drafting with" in caplog.text
+    for extra in (["--endpoint", "http://127.0.0.1:9/v1"], ["--responses", "source"]):
+        caplog.clear()
+        args = parser.parse_args([*common, "--out", str(tmp_path / "x.jsonl"), "--draft", "d", *extra])
+        assert args.func(args) == 2
+        assert f"--draft drafts for the target generating here, not with {extra[0]}" in caplog.text
+    assert not (tmp_path / "x.jsonl").exists()
+    from conftest import make_tiny_draft, make_tiny_target
+
+    make_tiny_draft(make_tiny_target(vocab_size=16)).save_pretrained(tmp_path / "other")  # another target's draft
+    caplog.clear()
+    args = parser.parse_args([*common, "--out", str(tmp_path / "x.jsonl"), "--draft", str(tmp_path / "other")])
+    assert args.func(args) == 2
+    assert "does not fit the target" in caplog.text and not (tmp_path / "x.jsonl").exists()

@@ -4,6 +4,11 @@ A draft learns to predict what *its target* would say, so the responses are rege
 itself (greedy by default, thinking disabled). Output is the append-only answers file of `answers.py`; a run
 can be killed at any time and rerun to resume. Which turns of which records are answered, and in what order, is
 `turns.TurnPlan`'s business (`RegenOptions.turns`).
+
+Three decoders answer a batch: `decode_shrinking` (the default: finished rows leave the batch), `generate` (when
+the target's generation config asks for logits processors only `generate` applies), and `generate` with a Domino
+draft as `assistant_model` (`draft=`): the draft's batched verify loop, whose greedy rows are token-identical to
+plain batched decoding, so the answers are the same, and the draft's τ is logged.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from tqdm.auto import tqdm
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..chat import resolve_chat_template
+from ..modeling.generation_domino import DominoGenerationStats
 from ..prompt_records import PromptSet
 from .answers import RegenOptions, append_lines, make_row, plan_turns, special_ids, summarize
 from .batch_decode import decode_shrinking, needs_generate, stop_tail
@@ -61,16 +67,21 @@ def length_batches(todo: list, batch_size: int, window: int = LENGTH_WINDOW) -> 
 def generate_batch(
     model: Any, prompt_ids: list[list[int]], pad_id: int, eos_ids: list[int], max_new_tokens: int,
     temperature: float = 0.0, stop: list[str] | None = None, tokenizer: Any = None, decoder: str = "shrinking",
+    draft: Any = None,
 ) -> list[tuple[list[int], bool]]:
     """Generate for several prompts at once (left padding); `(response ids, finished)` per prompt.
 
     A finished response ends with its EOS token or with the token that completes one of the `stop` texts
     (decoded by `tokenizer`); an unfinished one stopped at `max_new_tokens`. `decoder="shrinking"`
     (`batch_decode.decode_shrinking`) drops finished rows from the batch; `"generate"` is transformers'
-    `generate`, which also applies the logits processors of the model's generation config.
+    `generate`, which also applies the logits processors of the model's generation config. A Domino `draft`
+    (with `"generate"`) is passed as `assistant_model`: the same answers greedy, the draft's steps in
+    `draft.last_generation_stats`.
     """
     if decoder not in DECODERS:
         raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
+    if draft is not None and decoder != "generate":
+        raise ValueError(f"a draft drafts through generate: decoder='generate' with draft=, got {decoder!r}")
     width = max(len(ids) for ids in prompt_ids)
     input_ids = torch.full((len(prompt_ids), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
@@ -83,6 +94,8 @@ def generate_batch(
     generate_kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, **_sampling_kwargs(temperature)}
     if stop:
         generate_kwargs["stopping_criteria"] = StoppingCriteriaList([StopTexts(tokenizer, stop, width)])
+    if draft is not None:
+        generate_kwargs["assistant_model"] = draft
     output = model.generate(
         input_ids=input_ids, attention_mask=attention_mask, pad_token_id=pad_id, eos_token_id=eos_ids,
         **generate_kwargs,
@@ -95,6 +108,14 @@ def generate_batch(
             end = _stop_end(tokenizer, row, stop)
         results.append((row, False) if end is None else (row[: end + 1], True))
     return results
+
+
+def _add_steps(total: DominoGenerationStats, stats: DominoGenerationStats | None) -> None:
+    """Add one `generate` call's steps (one entry per row and step for a batch) to the run's `total`."""
+    if stats is None:
+        return
+    for name in ("drafted", "accepted", "sources", "draft_runs"):
+        getattr(total, name).extend(getattr(stats, name))
 
 
 def _stop_end(tokenizer: Any, ids: list[int], stops: list[str]) -> int | None:
@@ -128,13 +149,16 @@ def regenerate(
     *,
     batch_size: int = 24,
     stop: list[str] | None = None,
+    draft: Any = None,
     **changes: Any,
 ) -> dict[str, Any]:
     """Answer the prompts with the target and append the results to `out_path`.
 
     `options` (a `RegenOptions`, with `changes` applied: `regenerate(..., max_new_tokens=64)`) say which turns
     are answered and how; prompts are generated `batch_size` at a time, and an answer also ends (finished) at
-    the first of the `stop` strings. Ids already in `out_path` are skipped. Returns the run's counts.
+    the first of the `stop` strings. Ids already in `out_path` are skipped. With a Domino `draft` every batch
+    goes through `generate(assistant_model=draft)`: greedy answers are those without it, and the summary gains
+    the draft's `tau` and `verify_steps`. Returns the run's counts.
     """
     options = RegenOptions.of(options, **changes)
     if batch_size < 1 or options.max_new_tokens < 1:
@@ -146,10 +170,15 @@ def regenerate(
         torch.manual_seed(options.seed)
     pad_id, eos_ids = special_ids(model.generation_config, tokenizer)
     processors = needs_generate(model.generation_config)
-    decoder = "generate" if processors else "shrinking"
+    decoder = "generate" if processors or draft is not None else "shrinking"
     if processors:
         logger.info("regen: the generation config sets %s; decoding with generate (finished rows stay in "
                     "their batch)", ", ".join(processors))
+    steps = DominoGenerationStats() if draft is not None else None  # the draft's steps over the whole run
+    if draft is not None:
+        logger.info("regen: decoding with generate(assistant_model=draft), batches of up to %d prompts through the "
+                    "draft's batched verify loop", batch_size)
+        draft.eval()
     model.eval()
     start = time.perf_counter()
     with out_path.open("a", encoding="utf-8") as fh, tqdm(total=0, unit="prompt", desc="regen") as bar:
@@ -159,15 +188,27 @@ def regenerate(
             for batch in length_batches(todo, batch_size):
                 with torch.inference_mode():
                     answers = generate_batch(model, [item.prompt_ids for item in batch], pad_id, eos_ids,
-                                             options.max_new_tokens, options.temperature, stop, tokenizer, decoder)
+                                             options.max_new_tokens, options.temperature, stop, tokenizer, decoder,
+                                             draft)
                 rows = [make_row(tokenizer, item, response_ids, finished, counts)
                         for item, (response_ids, finished) in zip(batch, answers)]
                 append_lines(fh, rows)
                 plan.answered(rows)
                 bar.update(len(rows))
-                bar.set_postfix(tok_s=f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}")
+                postfix = {"tok_s": f"{counts['response_tokens'] / (time.perf_counter() - start):.1f}"}
+                if steps is not None:
+                    _add_steps(steps, draft.last_generation_stats)
+                    postfix["tau"] = f"{steps.tau:.2f}"
+                bar.set_postfix(postfix)
 
     summary = summarize(counts, time.perf_counter() - start, out_path, extra=plan.extra_counts)
+    if steps is not None:
+        summary.update(tau=round(steps.tau, 3), verify_steps=steps.num_steps)
+        shares = ", ".join(f"{source} {count / max(steps.num_steps, 1):.0%}"
+                           for source, count in steps.source_counts().items())
+        logger.info("regen: the draft's tau %.2f (tokens a prompt gained per target forward, bonus token included; "
+                    "1.00 is plain decoding) over %d verify steps of a prompt; proposals: %s", steps.tau,
+                    steps.num_steps, shares)
     if summary["written"] and summary["finished"] < summary["written"] / 2:
         hint = "" if stop or resolve_chat_template(tokenizer, options.chat_template) else (
             " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")

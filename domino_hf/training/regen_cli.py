@@ -90,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="Dtype of the target weights; float32 gives exact, reproducible greedy answers on CPU; auto = "
         "bfloat16 where it is fast (a GPU, or a CPU with avx512_bf16/AMX), else float32 (default: %(default)s).")
     add_device_argument(parser)
+    add("--draft", default=None, metavar="PATH_OR_REPO",
+        help="A Domino draft of the target (a folder or Hub id, loaded with DominoDraftModel.from_pretrained in the "
+        "target's dtype; on CPU on optimize_for_cpu kernels): every batch is generated with "
+        "generate(assistant_model=draft), the draft's batched speculative decoding, which gives the greedy answers "
+        "of plain decoding in fewer target forwards; the draft's tau is logged. Sampled answers (--temperature > 0) "
+        "follow the same distribution, but a seed need not repeat them (default: none, plain batched decoding).")
     add_endpoint_arguments(parser)
     parser.set_defaults(func=run)
 
@@ -126,6 +132,10 @@ def regen_options(args: argparse.Namespace) -> RegenOptions:
 
 def run(args: argparse.Namespace) -> int:
     """Entry point of `domino regen`; returns the exit code."""
+    if args.draft and (args.endpoint or args.responses == "source"):
+        logger.error("--draft drafts for the target generating here, not with %s: drop one of the two",
+                     "--endpoint" if args.endpoint else "--responses source")
+        return 2
     if args.endpoint:
         return _run_endpoint(args)
     if args.responses == "source":
@@ -140,11 +150,27 @@ def run(args: argparse.Namespace) -> int:
             require_paths(chat_template=args.chat_template)
         model, tokenizer = targets.load_target(args.target, dtype=resolve_dtype(args.dtype, device), device=device,
                                                **target_kwargs(args))
+        draft = _load_draft(args.draft, model) if args.draft else None
     except (OSError, ImportError, RuntimeError, ValueError) as err:  # missing file/package/model, Hub, id clash
         logger.error("%s", err)
         return 2
-    regenerate(model, tokenizer, prompts, args.out, regen_options(args), batch_size=args.batch_size, stop=args.stop)
+    regenerate(model, tokenizer, prompts, args.out, regen_options(args), batch_size=args.batch_size, stop=args.stop,
+               draft=draft)
     return 0
+
+
+def _load_draft(name: str, target):
+    """`--draft`: the draft in the target's dtype, on its device; on CPU the draft's linear layers run on
+    `optimize_for_cpu` kernels (the target keeps its own, so its answers are those it gives without the draft)."""
+    from .. import targets
+
+    draft = targets.load_draft(name, target)
+    if target.device.type == "cpu":
+        from ..cpu_kernels import optimize_for_cpu
+
+        optimize_for_cpu(draft)
+    logger.info("regen: drafting with %s (%s, %s)", name, str(draft.dtype).removeprefix("torch."), target.device)
+    return draft
 
 
 def _run_source_answers(args: argparse.Namespace) -> int:
