@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 
 import domino_hf.modeling as modeling
 from domino_hf import DominoConfigError, DominoDraftModel
-from domino_hf.modeling import DraftingSettings, generation_domino
+from domino_hf.modeling import DraftingSettings, batch_domino, generation_domino, tree_domino
 from domino_hf.modeling.configuration_domino import DRAFTING_FIELDS, DominoConfig
 from domino_hf.modeling.dispatch_domino import make_candidate_generator, profile_drafting, resolve_drafting_settings
 
@@ -35,6 +35,7 @@ NON_DEFAULT = {
     "use_suffix_cache": False,
     "suffix_cache_max_span": 8,
     "suffix_cache_size": 5000,
+    "use_draft_tree": True,
 }
 
 
@@ -55,7 +56,9 @@ def steady_clock(monkeypatch):
     """The generator's clock advances 1 ms per reading: `measure_verify_cost` then measures the same costs on
     every run, so its choices (and the per-step sources) are reproducible."""
     ticks = itertools.count()
-    monkeypatch.setattr(generation_domino, "time", SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3))
+    clock = SimpleNamespace(perf_counter=lambda: next(ticks) * 1e-3)
+    for module in (generation_domino, batch_domino, tree_domino):  # the chain's generator and the verify loop
+        monkeypatch.setattr(module, "time", clock)
 
 
 def _layouts(tmp_path, draft, settings):
@@ -189,6 +192,7 @@ BAD_PER_CALL = [
     ("use_suffix_cache", "yes", r"None \(on when decoding greedily, off when sampling\), True or False"),
     ("suffix_cache_max_span", 0, "an integer >= 1"),
     ("suffix_cache_size", 10, "an integer >= 64"),
+    ("use_draft_tree", "yes", "True or False"),
 ]
 
 

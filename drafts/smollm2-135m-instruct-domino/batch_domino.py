@@ -42,6 +42,7 @@ from .ragged_domino import (
     context_mask,
     verify_mask,
 )
+from .tree_domino import TreeSteps
 from .target_domino import (
     DominoHeadTables,
     DominoTargetHead,
@@ -60,7 +61,7 @@ _ROW_FREE_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogi
 _ROW_CRITERIA = (StopStringCriteria,)
 
 
-class DominoBatchDecoder:
+class DominoBatchDecoder(TreeSteps):
     """Decodes a left-padded batch with a Domino draft, each row exactly as plain decoding decodes it.
 
     Args:
@@ -75,10 +76,14 @@ class DominoBatchDecoder:
         stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
         suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations each row reads spans from.
         profile (`bool`, defaults to `False`): time the step's phases into `stats.timings` (`_clock`).
+        tree ([`TreeShape`], *optional*): a single greedy row verifies a draft tree of this shape each step
+            (`tree_domino.py`) instead of a chain.
+        cache_argument (`str`, defaults to `"cache"`): the keyword the target's forward takes its cache by on the
+            running transformers (the dispatch's `CACHE_ARGUMENT`).
     """
 
     def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats,
-                 suffix_cache=None, profile=False):
+                 suffix_cache=None, profile=False, tree=None, cache_argument="cache"):
         check_attention_supported(target)
         self.draft, self.target, self.config = draft, target, draft.config
         self.head = DominoTargetHead.cached(draft, target)
@@ -105,6 +110,7 @@ class DominoBatchDecoder:
         cap = settings.max_draft_tokens
         self.n_draft = self.config.num_draft_tokens if cap is None else min(cap, self.config.num_draft_tokens)
         self.settings, self.suffix_cache, self.stats, self.profile = settings, suffix_cache, stats, bool(profile)
+        self.tree, self.cache_argument = tree, cache_argument
         # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
         # asked about one row alone (a span token they forbid is rejected by the verify: exact, one token wasted).
         span_options = dict(eos_token_id=self.eos, vocab_size=self.head.vocab_size)
@@ -134,7 +140,10 @@ class DominoBatchDecoder:
         max_span = max([n for n in (self.settings.context_lookup_tokens,
                                     self.settings.suffix_cache_max_span if self.suffix_cache else 0)] + [1])
         # every row's tokens, and one verify forward past the longest: a block or a span
-        capacity = self.generation_config.max_length + max(self.config.block_size, max_span) + 1
+        longest = max(self.config.block_size, max_span)
+        if self.tree is not None:  # a tree's nodes: `width` per slot, and a span's
+            longest = self.n_draft * self.tree.width + max_span
+        capacity = self.generation_config.max_length + longest + 1
         self.sequences = torch.full((batch, capacity), self.pad_id, dtype=torch.long, device=device)
         self.sequences[:, :width] = input_ids
         self.generated = [0] * batch  # tokens generated per row
@@ -152,7 +161,7 @@ class DominoBatchDecoder:
         self.started = time.perf_counter()
         self._prefill(input_ids)
         while len(self.rows):
-            self._step()
+            self._tree_step() if self.tree is not None and batch == 1 else self._step()
             self._replay()
             self._drop_finished()
             self._lap("rows")
@@ -258,9 +267,9 @@ class DominoBatchDecoder:
         return logits
 
     # ----------------------------------------------------------------------------------------- drafting
-    def _draft(self, room: int):
-        """The draft's blocks for every live row: ids (b, n), their processed logits (b, n, V) when sampling (else
-        None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
+    def _backbone(self, room: int):
+        """One draft forward over every live row's block, absorbing the context it has not seen: slot states
+        (b, n, H) and base logits (b, n, V') of the first n = min(block, `room`) slots."""
         states = self.draft_cache.states
         width = self.pending.shape[1]
         states.plan(width)
@@ -285,6 +294,13 @@ class DominoBatchDecoder:
         lap("backbone")
         base = self.head.logits(slots)  # (b, n, V')
         lap("lm_head")
+        return slots, base
+
+    def _draft(self, room: int):
+        """The draft's blocks for every live row: ids (b, n), their processed logits (b, n, V) when sampling (else
+        None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
+        slots, base = self._backbone(room)
+        lap = self._clock()
         if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
             confidence = self._rollout(slots, base, "score")[1]
             ids, _, logits = self._rollout(slots, base, "sample")
@@ -334,19 +350,20 @@ class DominoBatchDecoder:
         return self.draft.head_input_gates(self.head.embed(token))
 
     # -------------------------------------------------------------------------------------- target side
-    def _forward(self, ids, mask, new, keep):
-        from .dispatch_domino import CACHE_ARGUMENT
-
+    def _forward(self, ids, mask, new, keep, block=None):
+        """The target's forward over `new` tokens per row planned on its cache; `block` = a draft tree's
+        ((new, new) mask, (new,) position offsets) instead of a causal chain."""
         states = self.cache.states
-        positions = (states.end - states.start)[:, None] + torch.arange(new, device=ids.device)
+        offsets = torch.arange(new) if block is None else block[1]
+        positions = (states.end - states.start)[:, None] + offsets.to(ids.device)
         return self.target(
             input_ids=ids,
-            attention_mask=attention_masks(self.target, mask, states, new),
+            attention_mask=attention_masks(self.target, mask, states, new, block),
             position_ids=positions.clamp(min=0),
             use_cache=True,
             output_hidden_states=self.wanted,
             logits_to_keep=keep,
-            **{CACHE_ARGUMENT: self.cache},
+            **{self.cache_argument: self.cache},
         )
 
     def _select(self, logits, q_logits, proposed, step_ids=None):

@@ -363,6 +363,11 @@ class DraftingSettings:
         suffix_cache_size (`int`, defaults to 1,000,000): capacity in tokens of the draft's own suffix cache
             (about 29 bytes a token, allocated when first used), the oldest tokens evicted first; read when that
             cache is created.
+        use_draft_tree (`bool`, defaults to `False`): greedy decoding of a single prompt verifies a draft tree each
+            step (the block's likeliest branches, grown by the Domino head, and the context span as one more
+            branch; as many nodes as pay for the longer verify) instead of one chain, in domino-hf's verify loop
+            (`tree_domino.py`). Sampling, and calls asking for per-step scores, logits, attentions or hidden
+            states, verify the chain. `False` = the chain, exactly as without the setting.
 
     A bad value raises a [`DominoConfigError`] naming the setting and its allowed range.
     """
@@ -378,6 +383,7 @@ class DraftingSettings:
     use_suffix_cache: bool | None = None
     suffix_cache_max_span: int = 24
     suffix_cache_size: int = 1_000_000
+    use_draft_tree: bool = False
 
     def __post_init__(self):
         for item in fields(self):
@@ -401,6 +407,7 @@ _DRAFTING_RULES = {
                          "sampling), True or False"),
     "suffix_cache_max_span": (lambda v: _is_int(v) and v >= 1, "an integer >= 1"),
     "suffix_cache_size": (lambda v: _is_int(v) and v >= 64, "an integer >= 64 (tokens)"),
+    "use_draft_tree": _BOOL,
 }
 # The settings a draft may carry as its own defaults (its generation_config.json); the schedule is per call only.
 DRAFTING_FIELDS = tuple(item.name for item in fields(DraftingSettings) if item.name != "num_assistant_tokens_schedule")

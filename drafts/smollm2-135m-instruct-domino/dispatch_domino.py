@@ -219,10 +219,10 @@ def decode_batch(draft, target, arguments: dict):
     from transformers.generation.utils import GenerateDecoderOnlyOutput
 
     from .batch_domino import DominoBatchDecoder
+    from .tree_domino import TreeShape
 
     config = arguments["generation_config"]
-    asked = [name for name in ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
-             if getattr(config, name, False)]
+    asked = [name for name in _PER_STEP_OUTPUTS if getattr(config, name, False)]
     if asked and config.return_dict_in_generate:
         raise ValueError(
             f"{', '.join(asked)} with a Domino draft and a batch of prompts: the batched verify loop returns the "
@@ -239,16 +239,27 @@ def decode_batch(draft, target, arguments: dict):
     suffix_cache = resolve_suffix_cache(draft, config, settings)
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
                                  arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache,
-                                 profile=_PROFILE.get())
+                                 profile=_PROFILE.get(),
+                                 tree=TreeShape() if settings.use_draft_tree and not config.do_sample else None,
+                                 cache_argument=CACHE_ARGUMENT)
     draft.last_generation_stats = stats
-    streamer = arguments.get("streamer")
-    if streamer is not None:
-        streamer.put(arguments["input_ids"].cpu())
+    streamer = arguments.get("streamer")  # `generate` has already put the prompt
     sequences = decoder.decode(arguments["input_ids"], model_kwargs.get("attention_mask"), streamer)
     if streamer is not None:
         streamer.end()
     decoder.remember()  # every row's prompt and output into the suffix cache, if any
     return GenerateDecoderOnlyOutput(sequences=sequences) if config.return_dict_in_generate else sequences
+
+
+_PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+def _verifies_tree(draft, config) -> bool:
+    """Whether a single-prompt call verifies draft trees (`use_draft_tree`): greedy, with no per-step outputs."""
+    if config.do_sample or (config.return_dict_in_generate and any(getattr(config, name, False)
+                                                                    for name in _PER_STEP_OUTPUTS)):
+        return False
+    return resolve_drafting_settings(draft, config).use_draft_tree
 
 
 def _batch_decoder(draft, target, arguments: dict):
@@ -484,7 +495,8 @@ def install_generate_hook() -> None:
         bound = assisted_signature.bind_partial(self, *args, **kwargs).arguments
         if is_domino_draft(bound.get("assistant_model")):
             check_cache_supported(user_cache(bound.get("model_kwargs") or kwargs))
-            if bound["input_ids"].shape[0] > 1:  # a batch: the Domino verify loop, not transformers' (batch 1 only)
+            if bound["input_ids"].shape[0] > 1 or _verifies_tree(bound["assistant_model"], bound["generation_config"]):
+                # a batch, or a draft tree: the Domino verify loop, not transformers' (a chain, batch 1 only)
                 return _batch_decoder(bound["assistant_model"], self, bound)
         token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))
         built = []

@@ -65,6 +65,17 @@ class RaggedStates:
         """Keep the first `counts[i]` (b,) of the entries just written for row i."""
         self.end += counts.to(self.end)
 
+    def compact(self, slots: torch.Tensor) -> None:
+        """Before `advance`, for a single row: move the entries just written at offsets `slots` (k,) from its end
+        (a draft tree's accepted path, ancestors first, each offset ≥ its new place) to the places right after
+        the first new entry, so the row's kept entries stay contiguous."""
+        if len(slots) == 0:
+            return
+        end = int(self.end[0])
+        source = (end + slots).to(self.end.device)
+        for buffer in (*self.keys, *self.values):
+            buffer[:, :, end + 1 : end + 1 + len(slots)] = buffer[:, :, source]
+
     def select(self, rows: torch.Tensor) -> None:
         """Keep only `rows` (b',) of the batch, in that order (finished rows leave)."""
         self.start, self.end = self.start[rows], self.end[rows]
@@ -106,19 +117,31 @@ class RaggedContextCache:
         return self.states.write(layer_idx, keys, values)
 
 
-def verify_mask(states: RaggedStates, new: int, window: int | None = None) -> torch.Tensor:
+def verify_mask(states: RaggedStates, new: int, window: int | None = None, block=None) -> torch.Tensor:
     """Boolean (b, 1, new, read) mask of a forward over `new` tokens per row planned on `states` (before
-    `advance`): row i's query j sees the row's entries `[start_i, end_i + j]` (causal within the new block),
-    and, with a sliding `window`, only those less than `window` positions back. A query with nothing to see
-    (a left-padding position of the prefill) sees itself, so that no softmax is over an empty set."""
+    `advance`): row i's query j sees the row's entries `[start_i, end_i)` and, among the new ones, those `block`
+    allows: causal by default, or a draft tree's ancestors (`block` = ((new, new) mask, (new,) position offsets from
+    the row's first new token), see `tree_domino.py`). With a sliding `window`, only keys less than `window`
+    positions back. A query with nothing to see (a left-padding position of the prefill) sees itself, so that no
+    softmax is over an empty set."""
     device = states.end.device
+    block_mask, offsets = block if block is not None else (None, torch.arange(new))
+    offsets = offsets.to(device)
     read = int(states.end.max()) + new
     keys = torch.arange(read, device=device)[None, None, :]  # (1, 1, read)
-    query = states.end[:, None, None] + torch.arange(new, device=device)[None, :, None]  # (b, new, 1)
-    mask = (keys >= states.start[:, None, None]) & (keys <= query)
+    relative = keys - states.end[:, None, None]  # (b, 1, read): < 0 in the cache, 0 … new-1 for the new tokens
+    slot = torch.arange(new, device=device)[None, :, None]  # (1, new, 1)
+    inside = relative.clamp(0, new - 1)
+    if block_mask is None:
+        new_visible = relative <= slot
+    else:
+        new_visible = block_mask.to(device)[slot, inside]  # (b, new, read)
+    mask = torch.where(relative < 0, True, new_visible & (relative < new)) & (keys >= states.start[:, None, None])
     if window is not None:
-        mask &= query - keys < window
-    mask |= keys == query
+        base = (states.end - states.start)[:, None, None]
+        key_positions = torch.where(relative < 0, keys - states.start[:, None, None], base + offsets[inside])
+        mask &= base + offsets[slot] - key_positions < window
+    mask |= relative == slot
     return mask[:, None]
 
 
@@ -132,7 +155,7 @@ def context_mask(states: RaggedStates, counts: torch.Tensor, block: int) -> torc
     return mask[:, None, None, :].expand(-1, 1, block, -1)
 
 
-def attention_masks(target, mask: torch.Tensor, states: RaggedStates, new: int):
+def attention_masks(target, mask: torch.Tensor, states: RaggedStates, new: int, block=None):
     """What the target's forward takes as `attention_mask` for a planned forward: its sliding-window layers need
     their own mask (a dict keyed by layer type, as Gemma3/Qwen2/Qwen3 accept), other models one 4D mask (Llama,
     and Mistral, whose one window applies to every layer). Eager attention adds the mask to the scores, so it
@@ -150,9 +173,9 @@ def attention_masks(target, mask: torch.Tensor, states: RaggedStates, new: int):
     if layer_types:
         masks = {"full_attention": form(mask)}
         if "sliding_attention" in layer_types:
-            masks["sliding_attention"] = form(verify_mask(states, new, window))
+            masks["sliding_attention"] = form(verify_mask(states, new, window, block))
         return masks
-    return form(verify_mask(states, new, window) if window is not None else mask)
+    return form(verify_mask(states, new, window, block) if window is not None else mask)
 
 
 SUPPORTED_ATTENTION = ("eager", "sdpa", "domino_cpu_sdpa")

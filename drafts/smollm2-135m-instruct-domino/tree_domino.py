@@ -1,0 +1,264 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""Draft trees: more tokens per verify at batch size 1, branched by the Domino head (`batch_domino.py` verifies them).
+
+Remote-code file (torch + transformers only). The backbone gives base logits for every slot of the block in one
+parallel forward; what makes slot j depend on the tokens before it is the head (a GRU step and a low-rank logit
+correction), which costs microseconds. So a branch at slot j needs only the head's rollout along that branch:
+
+    root = the anchor; each depth d = slot d of the block:
+      every frontier node's distribution = base_d + correction(H_d, GRU state along its branch)
+      children = each node's top `top_k` tokens; keep the `width` children with the highest path probability
+      (the draft's probability of the whole branch), and step the GRU along each kept child
+    then keep the nodes with the highest path probability, as many as pays (`tree_budget`): a node's path
+    probability never exceeds its parent's, so the kept nodes always form a tree
+
+The target verifies the tree in one forward: every node attends to the cache, the anchor and its own ancestors
+(`tree_mask`), at position anchor + depth. Greedy acceptance walks from the anchor to the child holding the target's
+choice, as long as there is one (`accept_path`); the bonus token is the target's choice at the last accepted node.
+A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the draft's distributions and
+the spans' histories only; they serve greedy decoding (sampling verifies the chain).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import NamedTuple
+
+import torch
+
+from .ragged_domino import verify_mask
+from .target_domino import context_features
+
+
+class DraftTree(NamedTuple):
+    """Tree nodes in verify order (ancestors before descendants), the anchor (root) excluded.
+
+    tokens: (N,) target ids; parents: (N,) the parent's node index, -1 for the anchor; depths: (N,) 1 … n;
+    probs: (N,) each node's estimated acceptance probability (path probability, calibrated)."""
+
+    tokens: torch.Tensor
+    parents: torch.Tensor
+    depths: torch.Tensor
+    probs: torch.Tensor
+
+    @property
+    def size(self) -> int:
+        return len(self.tokens)
+
+
+def build_tree(draft, head, tables, slots, base, anchor, width: int, top_k: int, gates) -> DraftTree:
+    """The draft's tree for one row: `slots` (n, H) slot states, `base` (n, V') base logits, `anchor` (1,) target id;
+    `gates(index, token)` gives GRU input gates of drafted tokens. Nodes sorted by path probability (highest first,
+    ancestors first on ties)."""
+    n = base.shape[0]
+    use_head = tables is not None
+    if use_head:
+        hidden_part = draft.correction_hidden_part(slots)  # (n, r)
+        states = draft.gru_step(slots.new_zeros(1, draft.config.gru_hidden_dim),
+                                draft.head_input_gates(head.embed(anchor)))  # (F, Hg)
+    path = torch.ones(1)  # (F,) frontier path probabilities
+    frontier = torch.full((1,), -1, dtype=torch.long)  # (F,) node index of each frontier entry
+    tokens, parents, depths, probs = [], [], [], []
+    for d in range(n):
+        logits = base[d : d + 1].expand(len(frontier), -1)  # (F, V')
+        if use_head and d >= draft.config.pure_draft_prefix_len:
+            logits = logits + draft.correction_from_parts(hidden_part[d : d + 1].expand(len(frontier), -1), states)
+        top = logits.float().softmax(dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)  # (F, k)
+        child = (path[:, None] * top.values.cpu()).flatten()  # (F·k,)
+        keep = child.topk(min(width, len(child))).indices  # the best children across the frontier
+        owner, rank = keep // top.indices.shape[1], keep % top.indices.shape[1]
+        index = top.indices[owner.to(top.indices.device), rank.to(top.indices.device)]  # (F',) draft-vocab indices
+        token = head.to_target_ids(index)
+        first = len(tokens)
+        tokens.extend(token.tolist())
+        parents.extend(frontier[owner].tolist())
+        depths.extend([d + 1] * len(keep))
+        probs.extend(child[keep].tolist())
+        if use_head and d + 1 < n:
+            states = draft.gru_step(states[owner.to(states.device)], gates(index, token))
+        path, frontier = child[keep], torch.arange(first, first + len(keep))
+    order = sorted(range(len(tokens)), key=lambda i: (-probs[i], depths[i]))
+    return _reindexed(tokens, parents, depths, probs, order)
+
+
+def _reindexed(tokens, parents, depths, probs, order) -> DraftTree:
+    """The nodes `order` (a list of node indices, ancestor-closed) with parents renumbered."""
+    position = {node: i for i, node in enumerate(order)}
+    return DraftTree(
+        torch.tensor([tokens[i] for i in order], dtype=torch.long),
+        torch.tensor([position.get(parents[i], -1) if parents[i] >= 0 else -1 for i in order], dtype=torch.long),
+        torch.tensor([depths[i] for i in order], dtype=torch.long),
+        torch.tensor([probs[i] for i in order], dtype=torch.float),
+    )
+
+
+def scale(tree: DraftTree, factor: float) -> DraftTree:
+    """The tree with every node's probability times `factor` (the draft's calibration), capped at 1."""
+    return tree._replace(probs=(tree.probs * factor).clamp(max=1.0))
+
+
+def add_chain(tree: DraftTree, chain: list[int], probs: list[float]) -> DraftTree:
+    """The tree with a chain of tokens from the anchor (a span), each with its acceptance probability: a node the
+    tree already holds keeps the higher probability, the rest become new nodes. Sorted again by probability."""
+    tokens, parents, depths, node_probs = (t.tolist() for t in tree)
+    children = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
+    parent = -1
+    for depth, (token, prob) in enumerate(zip(chain, probs), start=1):
+        node = children.get((parent, token))
+        if node is None:
+            node = len(tokens)
+            tokens.append(token)
+            parents.append(parent)
+            depths.append(depth)
+            node_probs.append(prob)
+            children[(parent, token)] = node
+        else:
+            node_probs[node] = max(node_probs[node], prob)
+        parent = node
+    for i in range(len(tokens)):  # a child is never likelier than its parent (the span raised some parents)
+        if parents[i] >= 0:
+            node_probs[i] = min(node_probs[i], node_probs[parents[i]])
+    order = sorted(range(len(tokens)), key=lambda i: (-node_probs[i], depths[i]))
+    return _reindexed(tokens, parents, depths, node_probs, _ancestors_first(order, parents))
+
+
+def _ancestors_first(order, parents) -> list[int]:
+    """`order` with any node moved after its parent (ties in probability)."""
+    placed, out = set(), []
+    for node in order:
+        chain = []
+        while node >= 0 and node not in placed:
+            chain.append(node)
+            node = parents[node]
+        for item in reversed(chain):
+            placed.add(item)
+            out.append(item)
+    return out
+
+
+def prefix(tree: DraftTree, count: int) -> DraftTree:
+    """The `count` most probable nodes, in verify order (by depth: ancestors before descendants)."""
+    kept = sorted(range(count), key=lambda i: (int(tree.depths[i]), i))
+    tokens, parents, depths, probs = (t.tolist() for t in tree)
+    return _reindexed(tokens, parents, depths, probs, kept)
+
+
+def tree_budget(tree: DraftTree, seconds, room: int) -> int:
+    """How many of the tree's nodes (most probable first) to verify: the most expected tokens (accepted + bonus)
+    per second of a forward over 1 + count tokens (`seconds(tokens)`); nodes deeper than `room` are not counted."""
+    usable = (tree.depths <= room).float() * tree.probs
+    expected = torch.cat([torch.zeros(1), usable.cumsum(dim=0)])  # (N + 1,) for 0 … N nodes
+    value = [(1.0 + float(expected[count])) / seconds(1 + count) for count in range(len(expected))]
+    return max(range(len(value)), key=lambda count: (value[count], -count))
+
+
+def tree_positions(tree: DraftTree) -> torch.Tensor:
+    """(1 + N,) offsets from the anchor's position: 0 for the anchor, each node's depth."""
+    return torch.cat([torch.zeros(1, dtype=torch.long), tree.depths])
+
+
+def tree_mask(tree: DraftTree) -> torch.Tensor:
+    """(1 + N, 1 + N) boolean: the anchor and each node see themselves and their ancestors (the anchor included)."""
+    size = tree.size + 1
+    mask = torch.eye(size, dtype=torch.bool)
+    mask[:, 0] = True
+    for i, parent in enumerate(tree.parents.tolist(), start=1):
+        if parent >= 0:
+            mask[i] |= mask[parent + 1]
+    return mask
+
+
+def accept_path(tree: DraftTree, choice: list[int]) -> list[int]:
+    """Greedy acceptance: `choice` (1 + N,) is the target's token after the anchor and after each node; the nodes
+    accepted (indices, root to leaf), each the child holding its parent's choice."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
+        children.setdefault(parent, {}).setdefault(token, i)
+    path, node = [], -1
+    while True:
+        nxt = children.get(node, {}).get(choice[node + 1])
+        if nxt is None:
+            return path
+        path.append(nxt)
+        node = nxt
+
+
+class TreeShape(NamedTuple):
+    """How wide a draft tree grows: each node's `top_k` most likely tokens are candidates, and at each depth the
+    `width` candidates with the highest path probability are kept (and expanded further)."""
+
+    width: int = 6
+    top_k: int = 4
+
+
+class TreeSteps:
+    """The draft-tree step of the batched verify loop (`DominoBatchDecoder`, one greedy row): build the tree, add the
+    row's best span as a branch, keep the nodes that pay, verify them in one forward, keep the accepted path."""
+
+    def _tree_step(self):
+        lap = self._clock()
+        row = int(self.rows[0])
+        self.anchors = self.sequences[self.rows, self.width + self.generated[row] - 1]  # (1,)
+        room = self.budget - self.generated[row] - 1  # draft tokens that can still be verified
+        self.policy.rows = [row]
+        span = self._find_spans(torch.tensor([room]))[0]
+        policy, tree = self.policy, DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3),
+                                              torch.zeros(0))
+        drafted = room > 0 and self.n_draft > 0 and policy.should_draft()
+        raw = None
+        if drafted:
+            began = time.perf_counter()
+            slots, base = self._backbone(room)
+            lap = self._clock()
+            raw = build_tree(self.draft, self.head, self.tables, slots[0], base[0], self.anchors, self.tree.width,
+                             self.tree.top_k, self._gates)
+            tree = scale(raw, policy.realised / policy.predicted)
+            policy.observe_draft(time.perf_counter() - began)
+            lap("head_rollout")
+        if span is not None:
+            model = policy.choosers[row].span_model(span)
+            tree = add_chain(tree, span.tokens, torch.tensor(model.h[: len(span.tokens)]).cumprod(0).tolist())
+        count = tree_budget(tree, policy.seconds, room) if tree.size else 0
+        tree = prefix(tree, count)
+        block = (tree_mask(tree), tree_positions(tree))
+        step_ids = torch.cat([self.anchors, tree.tokens.to(self.anchors)])[None]  # (1, 1 + N)
+        states = self.cache.states
+        states.plan(1 + count)
+        began = time.perf_counter()
+        out = self._forward(step_ids, verify_mask(states, 1 + count, block=block), 1 + count, keep=1 + count,
+                            block=block)
+        choice = self._tree_choice(out.logits[0].float(), tree).tolist()  # the target's token after each node
+        policy.cost.observe(1 + count, time.perf_counter() - began)
+        lap("verify")
+        path = accept_path(tree, choice)
+        kept = torch.tensor([0] + [node + 1 for node in path])  # verify slots of the anchor and the accepted path
+        states.compact(kept[1:])
+        states.advance(torch.tensor([len(kept)]))
+        new = tree.tokens[path].tolist() + [choice[kept[-1]]]
+        if span is not None:
+            policy.choosers[row].span_model(span).observe(span.tokens, new)
+        if raw is not None and count:  # calibrate the draft's path probabilities on what the target accepted
+            policy.predicted += float(tree.probs[tree.depths <= room].sum()) / max(policy.realised / policy.predicted,
+                                                                                     1e-6)
+            policy.realised += len(path)
+        features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
+        self._append([new], torch.tensor([len(kept)]), features)
+        source = "domino" if drafted else (span.source if span is not None and count else "none")
+        for record in (self.stats, self.stats.per_row[row]):
+            record.record(count, len(path), source, drafted)
+        self._lap = lap
+
+    def _tree_choice(self, logits, tree: DraftTree) -> torch.Tensor:
+        """(1 + N,) the target's greedy token after the anchor and after each node, its processors applied with
+        the node's own path as the sequence."""
+        if not self.processors:
+            return logits.argmax(dim=-1)
+        if self.row_free:
+            return self._process(logits, None).argmax(dim=-1)
+        paths, choices = {-1: []}, []
+        for i, parent in enumerate(tree.parents.tolist()):
+            paths[i] = paths[parent] + [int(tree.tokens[i])]
+        for node in range(-1, tree.size):
+            extra = torch.tensor([paths[node]], dtype=torch.long) if paths[node] else None
+            choices.append(int(self._process(logits[node + 1 : node + 2], extra).argmax()))
+        return torch.tensor(choices)

@@ -1,0 +1,120 @@
+"""Draft trees (`use_draft_tree=True`): a single greedy prompt verifies the block's likeliest branches, grown by the
+Domino head, in one forward with a tree mask; the output must stay token-identical to the target alone.
+
+Tiny random fp32 targets of five architectures (Gemma3's sliding window included) with drafts fitted to their
+greedy continuations; the tree's pieces (mask, acceptance walk, budget, a span as a branch) on hand-built trees.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import TINY_ARCHS, tiny_prompts
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+from domino_hf.modeling.batch_policy_domino import BatchPolicy
+from domino_hf.modeling.tree_domino import DraftTree, accept_path, add_chain, prefix, tree_budget, tree_mask
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+def small_tree() -> DraftTree:
+    """anchor ─ a(0) ─ c(2)        nodes in verify order, parents by index
+              └ b(1) ─ d(3) ─ e(4)"""
+    return DraftTree(torch.tensor([5, 6, 7, 8, 9]), torch.tensor([-1, -1, 0, 1, 3]), torch.tensor([1, 1, 2, 2, 3]),
+                     torch.tensor([0.6, 0.3, 0.5, 0.2, 0.1]))
+
+
+def test_tree_mask_sees_ancestors_only():
+    mask = tree_mask(small_tree())
+    # rows/columns: anchor, a, b, c, d, e
+    assert mask[3].tolist() == [True, True, False, True, False, False]  # c: anchor, a, itself
+    assert mask[5].tolist() == [True, False, True, False, True, True]  # e: anchor, b, d, itself
+    assert mask[0].tolist() == [True, False, False, False, False, False]
+
+
+def test_accept_path_follows_the_targets_choice():
+    tree = small_tree()
+    # target after anchor → 6 (b), after b → 8 (d), after d → 9 (e), after e → anything
+    assert accept_path(tree, [6, 0, 8, 0, 9, 1]) == [1, 3, 4]
+    assert accept_path(tree, [5, 3, 0, 0, 0, 0]) == [0]  # a accepted, c (7) not the choice after a
+    assert accept_path(tree, [4, 0, 0, 0, 0, 0]) == []
+
+
+def test_prefix_keeps_ancestors_and_a_span_branch_merges():
+    tree = add_chain(small_tree(), [6, 8, 2], [0.9, 0.8, 0.7])  # shares b and d, adds a new leaf under d
+    probs = dict(zip(tree.tokens.tolist(), tree.probs.tolist()))
+    assert probs[6] == pytest.approx(0.9) and probs[8] == pytest.approx(0.8) and probs[2] == pytest.approx(0.7)
+    top = prefix(tree, 3)  # b, d and the span's leaf: the three likeliest, an ancestor-closed subtree
+    assert sorted(top.tokens.tolist()) == [2, 6, 8]
+    for node, parent in enumerate(top.parents.tolist()):
+        assert parent < node  # ancestors first
+
+
+def test_budget_grows_with_cheap_verifies():
+    tree = small_tree()
+    flat = tree_budget(tree, lambda tokens: 1.0, room=10)
+    steep = tree_budget(tree, lambda tokens: 1.0 + 0.5 * tokens, room=10)
+    assert flat == 5 and steep < flat
+    assert tree_budget(tree, lambda tokens: 1.0, room=1) == 2  # depth-2 nodes cannot be verified
+
+
+@pytest.fixture
+def flat_cost(monkeypatch):
+    """Every forward costs the same: the tree is verified whole each step."""
+    monkeypatch.setattr(BatchPolicy, "seconds", lambda self, tokens: 1.0)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_tree_is_lossless_and_branches(arch, fitted_pair, flat_cost):
+    target, draft, prompts = fitted_pair(arch)
+    branched = accepted = 0
+    for ids in prompts[:3] + tiny_prompts(2, length=9, seed=9):
+        reference = target.generate(ids, do_sample=False, max_new_tokens=20)
+        output = target.generate(ids, do_sample=False, max_new_tokens=20, assistant_model=draft, use_draft_tree=True)
+        assert output.tolist() == reference.tolist()
+        stats = draft.last_generation_stats
+        branched += sum(d > draft.config.num_draft_tokens for d in stats.drafted)  # more nodes than a chain holds
+        accepted += sum(stats.accepted)
+    assert branched and accepted
+
+
+def test_tree_with_processors_stop_criteria_and_streamer(fitted_pair, flat_cost):
+    target, draft, prompts = fitted_pair("qwen2")
+
+    class Stream(BaseStreamer):
+        def __init__(self):
+            self.tokens = []
+
+        def put(self, value):
+            self.tokens.extend(value.reshape(-1).tolist())
+
+        def end(self):
+            pass
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == 7
+
+    ids = prompts[1]
+    kwargs = dict(do_sample=False, max_new_tokens=20, repetition_penalty=1.2, no_repeat_ngram_size=3,
+                  stopping_criteria=StoppingCriteriaList([StopAt()]))
+    reference = target.generate(ids, **kwargs)
+    stream = Stream()
+    output = target.generate(ids, assistant_model=draft, use_draft_tree=True, streamer=stream, **kwargs)
+    assert output.tolist() == reference.tolist()
+    assert stream.tokens == output[0].tolist()
+
+
+def test_off_and_sampling_keep_the_chain(fitted_pair):
+    target, draft, prompts = fitted_pair("llama")
+    target.generate(prompts[0], do_sample=False, max_new_tokens=8, assistant_model=draft)
+    assert not hasattr(draft.last_generation_stats, "per_row")  # the chain: transformers' loop
+    torch.manual_seed(0)
+    chain = target.generate(prompts[0], do_sample=True, max_new_tokens=8, assistant_model=draft)
+    torch.manual_seed(0)
+    tree_on = target.generate(prompts[0], do_sample=True, max_new_tokens=8, assistant_model=draft, use_draft_tree=True)
+    assert tree_on.tolist() == chain.tolist() and not hasattr(draft.last_generation_stats, "per_row")
+    with pytest.raises(ValueError, match="use_draft_tree"):
+        target.generate(prompts[0], max_new_tokens=4, assistant_model=draft, use_draft_tree="yes")
