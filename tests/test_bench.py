@@ -615,3 +615,64 @@ def test_cli_batch_size_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, caplog
     assert batch["sizes"]["1"]["prompt_lookup"]["lossless"] is True
     assert (tmp_path / "out" / "bench_batch_throughput.png").exists()
     assert "## Batched decoding" in (tmp_path / "out" / "bench.md").read_text()
+
+
+# ------------------------------------------------------------------------------------------------ domino_tree
+def test_domino_tree_method_verifies_trees_losslessly(bench_models, monkeypatch, tmp_path, caplog):
+    """`--methods autoregressive,domino,domino_tree`: the tree method runs the same draft with `use_draft_tree=True`
+    per call, through the tree step (counted on the loaded draft's own code), losslessly, and is reported beside
+    `domino`; `domino` keeps the chain."""
+    import importlib
+
+    target, draft, _, prompts, _ = bench_models
+    methods = pipeline.choose_methods(_parse(["--methods", "autoregressive,domino,domino_tree"]).methods, None)
+    assert methods == ["autoregressive", "domino", "domino_tree"]
+    assert "domino_tree" not in pipeline.choose_methods(None, None)  # asked for by name only
+    tree_steps = importlib.import_module(type(draft).__module__.rsplit(".", 1)[0] + ".tree_domino").TreeSteps
+    calls = []
+    step = tree_steps._tree_step
+
+    def counted(self):
+        calls.append(runner_method[0])
+        return step(self)
+
+    runner_method = [None]
+    run_once = runner.run_once
+
+    def run_once_named(target, method, *args, **kwargs):
+        runner_method[0] = method.name
+        return run_once(target, method, *args, **kwargs)
+
+    monkeypatch.setattr(tree_steps, "_tree_step", counted)
+    monkeypatch.setattr(runner, "run_once", run_once_named)
+    config = BenchConfig(methods=tuple(methods), max_new_tokens=12, warmup=0, progress=False)
+    with caplog.at_level(logging.WARNING):
+        result = run_benchmark(target, prompts[:2], config, draft=draft)
+    assert not caplog.records  # its per-token stream regrouped per verify forward: the probe agrees with the stats
+    assert set(calls) == {"domino_tree"}  # every tree step was domino_tree's; domino drafted chains
+    assert list(result["methods"]) == methods and result["mismatches"] == {}
+    tree = result["methods"]["domino_tree"]
+    assert tree["lossless"] is True and tree["tau"] >= 1.0 and "domino_tree" in result["profile"]
+    runs = [r for r in result["runs"] if r["method"] == "domino_tree"]
+    assert len(runs) == 2 and sum(len(r["drafted"]) for r in runs) == len(calls)  # one recorded step per tree step
+    for r in runs:
+        assert sum(a + 1 for a in r["accepted"]) == r["decode_tokens"] and r["decode_ms"] > 0
+        assert all(0 <= a <= d for a, d in zip(r["accepted"], r["drafted"]))
+    assert draft.generation_config.use_draft_tree is False  # the per-call setting left the draft as it was
+    paths = write_report(result, tmp_path)
+    text = paths["markdown"].read_text()
+    assert "| domino_tree |" in text and "| domino_tree |" in text.split("time goes")[1]
+    assert json.loads(paths["json"].read_text())["methods"]["domino_tree"]["lossless"] is True
+
+
+def test_domino_tree_is_not_applicable_to_batches(bench_models):
+    """At B ≥ 2 a batch with `use_draft_tree` would run `domino`'s chain: `domino_tree` is not run there, n/a."""
+    from domino_hf.bench.batched import run_batch_sizes
+
+    target, draft, _, prompts, _ = bench_models
+    config = BenchConfig(methods=("autoregressive", "domino", "domino_tree"), max_new_tokens=6, warmup=0,
+                         progress=False)
+    batch = run_batch_sizes(target, prompts[:2], config, [2], draft=draft, pad_token_id=0)["batch"]
+    block = batch["sizes"]["2"]
+    assert block["domino_tree"]["supported"] is False and "one prompt at a time" in block["domino_tree"]["note"]
+    assert block["domino"]["lossless"] is True and {r["method"] for r in batch["runs"]} == {"autoregressive", "domino"}

@@ -10,8 +10,8 @@ How a batch size runs:
 * Each method gets `warmup` untimed calls on the first batch; then, per batch and repeat, every method runs back to
   back in an order rotated per batch (`runner.run_interleaved`, as for single prompts). Sampling reseeds torch per
   (batch, repeat).
-* transformers' prompt lookup and assisted decoding take one sequence at a time: at B ≥ 2 they are not run and
-  are reported as not applicable.
+* transformers' prompt lookup and assisted decoding take one sequence at a time, and so do draft trees
+  (`domino_tree`: a batch would run `domino`'s chain): at B ≥ 2 they are not run and are reported as not applicable.
 
 What is measured, per batch (one `generate` call over its rows):
 
@@ -59,10 +59,12 @@ from .stats import AR, AR_STOCK, MAX_REPORTED_MISMATCHES, median, ratio, source_
 
 logger = logging.getLogger(__name__)
 
-# Methods that decode one sequence at a time (transformers raises for a batch): not applicable at B ≥ 2.
+# Methods that decode one sequence at a time: not applicable at B ≥ 2 (transformers raises for a batch; a batch with
+# `use_draft_tree` would run `domino`'s chain, already measured as `domino`).
 SINGLE_SEQUENCE_ONLY = {
     "prompt_lookup": "transformers' prompt lookup decoding takes one sequence at a time",
     "assisted": "transformers' assisted decoding takes one sequence at a time",
+    "domino_tree": "draft trees verify one prompt at a time; a batch runs domino's chain (the domino row)",
 }
 BATCH_ORDER = "sorted by prompt length, longest first (ties in prompt order); the last batch holds the rest"
 

@@ -30,6 +30,8 @@ All methods run in one process on the same loaded target, interleaved prompt by 
   domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context,
                   paused where it does not pay (the draft's `draft_backoff`); without the cross-request store
                   (`use_suffix_cache=False`, as every method but domino_cache)
+  domino_tree     `domino` verifying a draft tree per step (`use_draft_tree=True`; greedy, one prompt at a
+                  time: n/a at --batch-size B > 1, where a batch runs domino's chain)
   domino_cache    `domino` that also drafts from a cross-request store of earlier prompts and outputs (its
                   own `SuffixCache`, emptied after the warm-up); meant for --suite repeated
 
@@ -90,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH_OR_REPO",
         default=None,
         help="Domino draft folder or Hub id, loaded with `AutoModel.from_pretrained(..., trust_remote_code=True)`; "
-        "needed by the dflash, domino_no_lookup, domino and domino_cache methods (the draft shipped with "
+        "needed by the dflash, domino_no_lookup, domino, domino_tree and domino_cache methods (the draft shipped with "
         "domino-hf's sources is drafts/smollm2-135m-instruct-domino)",
     )
     models.add_argument(
@@ -150,8 +152,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_csv,
         default=None,
         help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino_no_lookup,domino,"
-        "domino_cache (default: all but assisted and domino_cache, + assisted with --assistant; with --suite "
-        "repeated: autoregressive,prompt_lookup,domino,domino_cache)",
+        "domino_tree,domino_cache (default: all but assisted, domino_tree and domino_cache, + assisted with "
+        "--assistant; with --suite repeated: autoregressive,prompt_lookup,domino,domino_cache)",
     )
     run.add_argument(
         "--suite",
@@ -182,8 +184,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="1",  # a string default goes through `type`: [1]
         help="comma-separated batch sizes: at each B > 1 the prompts (sorted by length, longest first) are decoded in "
         "left-padded batches of B by every method that takes a batch (plain decoding, its stock-kernel baseline, "
-        "dflash, domino_no_lookup, domino, domino_cache; prompt_lookup and assisted are n/a), interleaved batch by "
-        "batch, and the report adds tokens/s, per-row latency, τ, speedups and a lossless check per B, and a "
+        "dflash, domino_no_lookup, domino, domino_cache; prompt_lookup, assisted and domino_tree are n/a), interleaved "
+        "batch by batch, and the report adds tokens/s, per-row latency, τ, speedups and a lossless check per B, and a "
         "throughput plot; 1 = one prompt per call, the benchmark as without this option (default: %(default)s)",
     )
     run.add_argument(

@@ -10,7 +10,9 @@ a classic assistant and Domino, so τ, acceptance and timings are counted the sa
 * `ForwardProbe` hooks the top-level `forward` of a module (the target, the draft backbone, an assistant)
   and records the query length and wall time of each call. For the target, call 0 is the prefill and
   every later call is one verify step whose input is `[last token, candidates…]`, so
-  `drafted = length - 1`; the matching streamer chunk holds `accepted + 1` tokens.
+  `drafted = length - 1`; the matching streamer chunk holds `accepted + 1` tokens. A loop that streams token by
+  token after its step (Domino's draft-tree loop) is counted per forward all the same (`chunks_per_forward`), its
+  decode timed from the end of the prefill forward (`streamed_late`).
 
 The per-step profile (`RunRecord.phase_seconds`) adds what a Domino draft times itself (backbone, base LM
 head, head rollout: `draft.last_generation_stats.timings`); whatever no probe covers is `loop_overhead`.
@@ -18,6 +20,7 @@ head, head rollout: `draft.last_generation_stats.timings`); whatever no probe co
 
 from __future__ import annotations
 
+import bisect
 import logging
 import time
 from dataclasses import dataclass, field
@@ -200,6 +203,33 @@ class RunRecord:
         if self.profiled:
             record["phase_ms"] = {k: round(1000 * v, 3) for k, v in self.phase_seconds().items()}
         return record
+
+
+def chunks_per_forward(target_calls: list[ForwardCall], chunks: list[tuple[float, int]]) -> list[int]:
+    """Generated tokens per target forward (call 0: the prefill): each streamed chunk counts for the last forward
+    that ended before it was put.
+
+    A loop that streams one chunk per forward right after it (transformers', a Domino chain) gives its chunk sizes
+    back unchanged. The draft-tree loop (`use_draft_tree`) streams token by token after each step, the prefill's
+    token with the first step's: its chunks are summed per step, and that first token moved back to the prefill.
+    Without target forwards: the chunk sizes as streamed.
+    """
+    if not target_calls:
+        return [n for _, n in chunks]
+    ends = [c.end for c in target_calls]
+    sizes = [0] * len(target_calls)
+    for t, n in chunks:
+        sizes[max(bisect.bisect_right(ends, t) - 1, 0)] += n
+    late = next((i for i, n in enumerate(sizes) if n), 0)
+    if sizes[0] == 0 and late:  # the prefill's token was streamed after a later forward
+        sizes[0], sizes[late] = 1, sizes[late] - 1
+    return sizes
+
+
+def streamed_late(target_calls: list[ForwardCall], chunks: list[tuple[float, int]]) -> bool:
+    """Whether the first generated chunk was put after the first verify forward began (the draft-tree loop): the
+    decode then starts at the end of the prefill forward, not at that chunk."""
+    return bool(chunks) and len(target_calls) > 1 and chunks[0][0] > target_calls[1].start
 
 
 def steps_from_probe(target_calls: list[ForwardCall], chunk_sizes: list[int]) -> tuple[list[int], list[int]]:

@@ -32,7 +32,7 @@ from .workloads import read_conversations, run_repeated
 
 logger = logging.getLogger(__name__)
 
-DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino", "domino_cache")
+DRAFT_METHODS = ("dflash", "domino_no_lookup", "domino", "domino_tree", "domino_cache")
 DEFAULT_PROMPTS = ("humaneval", "mt_bench")
 DEFAULT_NUM_PROMPTS = 10
 # The suite's methods when none are named: the baselines and Domino without and with its cross-request store.

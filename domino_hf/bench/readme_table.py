@@ -29,6 +29,7 @@ LABELS = {
     "dflash": "DFlash mode: same draft, head off (`dflash`)",
     "domino_no_lookup": "Domino block only (`domino_no_lookup`)",
     "domino": "**Domino as shipped (`domino`)**",
+    "domino_tree": "Domino verifying draft trees (`domino_tree`)",
     AR_STOCK: f"plain decoding, stock kernels (`{AR_STOCK}`)",
 }
 

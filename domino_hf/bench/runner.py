@@ -37,15 +37,23 @@ from transformers import GenerationConfig
 from ..cpu_kernels import is_optimized, stock_kernels
 from ..modeling.dispatch_domino import profile_drafting
 from ..modeling.generation_domino import acceptance_length
-from .instrument import ForwardProbe, RunRecord, TimingStreamer, steps_from_probe
+from .instrument import (
+    ForwardProbe,
+    RunRecord,
+    TimingStreamer,
+    chunks_per_forward,
+    steps_from_probe,
+    streamed_late,
+)
 from .stats import AR, AR_STOCK, summarize
 
 logger = logging.getLogger(__name__)
 
-ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino", "domino_cache")
-# What runs when no method is named: all of the above but `assisted` (it needs an assistant) and `domino_cache`,
-# whose cross-request store only has something to find in a repeated workload (`workloads.py`).
-DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m not in ("assisted", "domino_cache"))
+ALL_METHODS = (AR, "prompt_lookup", "assisted", "dflash", "domino_no_lookup", "domino", "domino_tree", "domino_cache")
+# What runs when no method is named: all of the above but `assisted` (it needs an assistant), `domino_tree` (asked for
+# by name) and `domino_cache`, whose cross-request store only has something to find in a repeated workload
+# (`workloads.py`).
+DEFAULT_METHODS = tuple(m for m in ALL_METHODS if m not in ("assisted", "domino_tree", "domino_cache"))
 
 
 @dataclass
@@ -170,25 +178,28 @@ class Assisted(Method):
 
 
 class DominoMethod(Method):
-    """One Domino checkpoint, four ways: `domino` as shipped (head on, context lookup at the draft's default),
-    `domino_no_lookup` (the Domino block alone), `dflash` (head off, no lookup: plain DFlash drafting) and
-    `domino_cache` (`domino` that also drafts from a cross-request `SuffixCache` of its own, passed per call as
-    `suffix_cache=` and emptied by `reset`).
+    """One Domino checkpoint, five ways: `domino` as shipped (head on, context lookup at the draft's default),
+    `domino_no_lookup` (the Domino block alone), `dflash` (head off, no lookup: plain DFlash drafting),
+    `domino_tree` (`domino` verifying a draft tree per step: `use_draft_tree=True` per call; greedy single prompts
+    only, sampling keeps the chain, and batches are n/a in `batched.py`) and `domino_cache` (`domino` that also
+    drafts from a cross-request `SuffixCache` of its own, passed per call as `suffix_cache=` and emptied by `reset`).
 
     The two draft-only methods measure the draft as the field does: it drafts every step (`draft_backoff=False`),
     so their τ is the draft's and their head gain compares like with like; `domino` keeps the draft's own
-    no-fit fallback, as a user gets it. The lookup is switched per call (`prompt_lookup_num_tokens=0`); the head
-    through `config.use_domino_head`; the cross-request store through `use_suffix_cache`, which the other three
-    methods pass as False: the draft's own default store would carry one prompt's answer (the warm-up's too) into
-    the next. With `profile`, the draft times its own phases (`profile_drafting`, into the stats' `timings`); the
-    head switch is restored after every call, so the caller's draft leaves the benchmark as it came in.
+    no-fit fallback, as a user gets it. The lookup is switched per call (`prompt_lookup_num_tokens=0`), and so is the
+    tree (`use_draft_tree`); the head through `config.use_domino_head`; the cross-request store through
+    `use_suffix_cache`, which the other methods pass as False: the draft's own default store would carry one
+    prompt's answer (the warm-up's too) into the next. With `profile`, the draft times its own phases
+    (`profile_drafting`, into the stats' `timings`); the head switch is restored after every call, so the caller's
+    draft leaves the benchmark as it came in.
     """
 
     def __init__(self, draft, name: str, profile: bool = False):
         self.drafter = draft
         self.name = name
         self.use_head = name != "dflash"
-        self.lookup = name in ("domino", "domino_cache")
+        self.lookup = name in ("domino", "domino_tree", "domino_cache")
+        self.tree = name == "domino_tree"
         self.profile = profile
         self.suffix_cache = None
         if name == "domino_cache":
@@ -197,6 +208,8 @@ class DominoMethod(Method):
             self.suffix_cache = SuffixCache()
 
     def config_fields(self):
+        if self.tree:
+            return {"use_draft_tree": True}
         return {} if self.lookup else {"prompt_lookup_num_tokens": 0, "draft_backoff": False}
 
     def generate_kwargs(self):
@@ -323,10 +336,13 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         phases = method.phase_timings()
     output_ids = output[0, input_ids.shape[1] :].tolist()
     chunks = streamer.chunks
-    t_first = chunks[0][0] if chunks else t1
-    t_last = chunks[-1][0] if chunks else t1
     calls = probes.target.calls
-    probe_drafted, probe_accepted = steps_from_probe(calls, streamer.chunk_sizes)
+    t_first = chunks[0][0] if chunks else t1
+    if streamed_late(calls, chunks):  # the draft-tree loop streams after each step: decode from the prefill's end
+        t_first = calls[0].end
+    t_last = chunks[-1][0] if chunks else t1
+    sizes = chunks_per_forward(calls, chunks)
+    probe_drafted, probe_accepted = steps_from_probe(calls, sizes)
     drafted, accepted = probe_drafted, probe_accepted
     tau_from_stats = None
     if stats_steps is not None:
@@ -347,7 +363,7 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         repeat=repeat,
         prompt_tokens=len(prompt.input_ids),
         output_ids=output_ids,
-        first_chunk=chunks[0][1] if chunks else 0,
+        first_chunk=sizes[0] if sizes else 0,
         drafted=drafted,
         accepted=accepted,
         total_s=t1 - t0,
