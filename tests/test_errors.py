@@ -31,9 +31,28 @@ def pair():
 
 
 def test_batch_size_above_one(pair):
+    """A batch goes to the batched verify loop; the single-sequence candidate generator, built directly for two rows,
+    still refuses them by name; so do a right-padded batch and an attention that takes no explicit mask."""
+    from transformers import GenerationConfig
+
+    from domino_hf.modeling.dispatch_domino import resolve_drafting_settings
+
     target, draft, ids = pair
+    assert target.generate(ids.repeat(2, 1), assistant_model=draft, max_new_tokens=4).shape[0] == 2
+    config = GenerationConfig(max_length=20)
     with pytest.raises(ValueError, match="supports batch size 1.*Call generate once per prompt"):
-        target.generate(ids.repeat(2, 1), assistant_model=draft, max_new_tokens=4)
+        settings = resolve_drafting_settings(draft, config)
+        DominoCandidateGenerator(draft, target, config, None, ids.repeat(2, 1), settings)
+    mask = torch.ones(2, ids.shape[1], dtype=torch.long)
+    mask[1, -2:] = 0
+    with pytest.raises(ValueError, match="left-padded prompts.*padding_side='left'"):
+        target.generate(ids.repeat(2, 1), attention_mask=mask, assistant_model=draft, max_new_tokens=4)
+    attention, target.config._attn_implementation = target.config._attn_implementation, "flash_attention_2"
+    try:
+        with pytest.raises(ValueError, match="attn_implementation='flash_attention_2'.*'sdpa'"):
+            target.generate(ids.repeat(2, 1), assistant_model=draft, max_new_tokens=4)
+    finally:
+        target.config._attn_implementation = attention
 
 
 @pytest.mark.parametrize("cache", ["static", "sliding_window", "offloaded_static", "offloaded", "quantized"])
