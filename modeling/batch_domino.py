@@ -212,11 +212,13 @@ class DominoBatchDecoder(TreeSteps):
         accepted_list = accepted.tolist()
         new = [step_ids[i, 1 : 1 + n].tolist() + [int(tokens[i, n])] for i, n in enumerate(accepted_list)]
         self.policy.update(proposal, q, accepted_list, new)
+        before = [self.generated[row] for row in self.rows.tolist()]
         self._append(new, accepted + 1, context_features(out.hidden_states, self.layer_ids))
         for i, row in enumerate(self.rows.tolist()):
             source = proposal.sources[i] if q > 1 and int(proposed[i]) > 0 else "none"
+            kept = self.generated[row] - before[i] - 1  # accepted tokens the row kept (its end may cut some)
             for record in (self.stats, self.stats.per_row[row]):
-                record.record(int(proposed[i]) if source != "none" else 0, accepted_list[i], source, drafting)
+                record.record(int(proposed[i]) if source != "none" else 0, kept, source, drafting)
         self._lap = lap  # `decode` adds the replay and rows leaving to `rows`
 
     def _clock(self):

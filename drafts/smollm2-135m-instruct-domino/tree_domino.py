@@ -242,10 +242,11 @@ class TreeSteps:
                                                                                      1e-6)
             policy.realised += len(path)
         features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
+        before = self.generated[row]
         self._append([new], torch.tensor([len(kept)]), features)
         source = "domino" if drafted else (span.source if span is not None and count else "none")
-        for record in (self.stats, self.stats.per_row[row]):
-            record.record(count, len(path), source, drafted)
+        for record in (self.stats, self.stats.per_row[row]):  # the accepted depth the row kept (its end may cut it)
+            record.record(count, self.generated[row] - before - 1, source, drafted)
         self._lap = lap
 
     def _tree_choice(self, logits, tree: DraftTree) -> torch.Tensor:
