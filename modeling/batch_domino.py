@@ -14,7 +14,7 @@ dispatch (`dispatch_domino.py`) sends a Domino draft with a batch of prompts her
 Rows accept different numbers of tokens: each keeps its own positions and its own cache entries
 (`RaggedCache`), so nothing is realigned or padded step after step. Stopping criteria other than EOS, length and
 stop strings (lm-eval's, a user's) are asked exactly as plain decoding asks them: over the whole batch, one
-token column at a time, once every row has that column (`_replay`). Every choice (whether the draft runs, q) is
+token column at a time, once every row has that column (`stops_domino.py`). Every choice (whether the draft runs, q) is
 made from the draft's distributions and past timings, never from a token drawn for the step: sampling is exact.
 """
 
@@ -42,6 +42,7 @@ from .ragged_domino import (
     context_mask,
     verify_mask,
 )
+from .stops_domino import RowEnds
 from .tree_domino import TreeSteps
 from .target_domino import (
     DominoHeadTables,
@@ -61,7 +62,7 @@ _ROW_FREE_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogi
 _ROW_CRITERIA = (StopStringCriteria,)
 
 
-class DominoBatchDecoder(TreeSteps):
+class DominoBatchDecoder(TreeSteps, RowEnds):
     """Decodes a left-padded batch with a Domino draft, each row exactly as plain decoding decodes it.
 
     Args:
@@ -448,32 +449,6 @@ class DominoBatchDecoder(TreeSteps):
         if features is not None:
             self._queue(features, counts)
 
-    def _row_ends(self, row: int, length: int, token: int) -> bool:
-        """Whether row `row`'s output ends with its token number `length`: at the length limit, at EOS, or at a
-        stop string (where plain decoding writes no pads, a stopped row goes on until the whole batch stops)."""
-        if length >= self.stop_at or token in self.eos_ids:
-            return True
-        if self.row_criteria and not self.flagged[row]:
-            sequence = self.sequences[row : row + 1, : self.width + length]
-            if any(bool(torch.as_tensor(c(sequence, None)).any()) for c in self.row_criteria):
-                self._flag(row, length)
-                return self.pad_finished
-        return False
-
-    def _flag(self, row: int, column: int) -> None:
-        """A criterion stopped `row` at token column `column`. With pads its output ends there; without, the batch
-        ends at the last row's stop, which every row then reaches."""
-        self.flagged[row] = column
-        if self.pad_finished:
-            if self.final[row] is None or self.final[row] > column:
-                self.final[row] = column
-                self.generated[row] = min(self.generated[row], column)
-        elif all(flag is not False or end is not None for flag, end in zip(self.flagged, self.final)):
-            self.stop_at = min(self.stop_at, max(flag for flag in self.flagged if flag is not False))
-            for r in range(len(self.final)):
-                if self.generated[r] >= self.stop_at:
-                    self.final[r] = self.stop_at
-
     def _queue(self, features, counts):
         """Append (b, q, F) `features`, `counts[i]` of them per row, to the context the draft has not seen."""
         counts = counts.to(self.pending_counts)
@@ -501,9 +476,6 @@ class DominoBatchDecoder(TreeSteps):
             history.update({bucket: [sum(h) / len(h) for h in zip(*(row[bucket] for row in rows))]
                             for bucket in rows[0]})
 
-    def _length(self, row: int) -> int:
-        return self.final[row] if self.final[row] is not None else self.generated[row]
-
     def _drop_finished(self):
         """Rows whose output is final leave the batch: their cache rows, pending context and anchors."""
         if self.max_time and any(bool(torch.as_tensor(c(self.sequences, None)).all()) for c in self.max_time):
@@ -517,33 +489,3 @@ class DominoBatchDecoder(TreeSteps):
         self.cache.states.select(index)
         self.draft_cache.states.select(index.to(self.draft.device))
         self.pending, self.pending_counts = self.pending[index], self.pending_counts[index]
-
-    def _replay(self, final: bool = False):
-        """Ask the whole-batch criteria about each token column once every row has it, with the batch as plain
-        decoding would hold it (rows that ended show pad tokens), and stream that column."""
-        live = [self.generated[r] for r in self.rows.tolist()]
-        ready = max(self._length(r) for r in range(len(self.final))) if final or not live else min(live)
-        while self.replayed < ready:
-            self.replayed += 1
-            view = self._batch_view(self.width + self.replayed)
-            if self.streamer is not None:
-                self.streamer.put(view[:, -1].cpu())
-            if not self.batch_criteria:
-                continue
-            done = torch.zeros(len(view), dtype=torch.bool, device=view.device)
-            for criterion in self.batch_criteria:
-                done |= torch.as_tensor(criterion(view, None), device=view.device).expand(len(view))
-            for row in done.nonzero()[:, 0].tolist():
-                if self.flagged[row] is False:
-                    self._flag(row, self.replayed)
-            ready = min(ready, max(self._length(r) for r in range(len(self.final))))
-
-    def _batch_view(self, width: int) -> torch.Tensor:
-        """The (B, width) sequences as plain decoding holds them: pad tokens after a row's end, where it writes
-        them."""
-        view = self.sequences[:, :width].clone()
-        if self.pad_finished:
-            for row, end in enumerate(self.final):
-                if end is not None:
-                    view[row, self.width + end :] = self.pad_id
-        return view

@@ -216,8 +216,8 @@ def test_export_loads_in_a_clean_process_and_generates_losslessly(target, tmp_pa
     files = sorted(p.name for p in out.iterdir())
     assert files == ["README.md", "batch_domino.py", "batch_policy_domino.py", "config.json", "configuration_domino.py",
                      "dispatch_domino.py", "generation_config.json", "generation_domino.py", "hybrid_domino.py",
-                     "model.safetensors", "modeling_domino.py", "ragged_domino.py", "suffix_domino.py",
-                     "target_domino.py", "tree_domino.py"]
+                     "model.safetensors", "modeling_domino.py", "ragged_domino.py", "stops_domino.py",
+                     "suffix_domino.py", "target_domino.py", "tree_domino.py"]
     card = (out / "README.md").read_text()
     assert "trust_remote_code=True" in card and "base_loss" not in card.split("## Training")[0]
     assert json.loads((out / "config.json").read_text())["dflash_config"]["projector_type"] == "domino"

@@ -50,6 +50,7 @@ REMOTE_CODE_FILES = (
     "batch_domino.py",
     "batch_policy_domino.py",
     "ragged_domino.py",
+    "stops_domino.py",
     "tree_domino.py",
 )
 

@@ -1,0 +1,79 @@
+# Copyright 2026 The domino-hf authors. Licensed under the Apache License, Version 2.0.
+"""Where each row's output ends in the batched verify loop (`batch_domino.py`), exactly where plain batched decoding
+ends it.
+
+Remote-code file (torch + transformers only). EOS, the length limit and stop strings are checked per row, right after
+each of its tokens (`_row_ends`). Every other stopping criterion (lm-eval's stop sequences, a user's) is asked as
+plain decoding asks it: with the whole batch as plain decoding holds it (rows that ended show pad tokens), one token
+column at a time, once every live row has that column (`_replay`), so a criterion that answers one bool for the batch
+or keeps per-row state sees the same calls in the same order. Plain decoding writes pad tokens after a row's end only
+when it has an EOS criterion; without one, a stopped row keeps generating until the whole batch stops (`_flag`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class RowEnds:
+    """The row-ending part of `DominoBatchDecoder`: reads and sets its `sequences`, `generated`, `final`, `flagged`,
+    `stop_at` and `replayed`."""
+
+    def _row_ends(self, row: int, length: int, token: int) -> bool:
+        """Whether row `row`'s output ends with its token number `length`: at the length limit, at EOS, or at a
+        stop string (where plain decoding writes no pads, a stopped row goes on until the whole batch stops)."""
+        if length >= self.stop_at or token in self.eos_ids:
+            return True
+        if self.row_criteria and not self.flagged[row]:
+            sequence = self.sequences[row : row + 1, : self.width + length]
+            if any(bool(torch.as_tensor(c(sequence, None)).any()) for c in self.row_criteria):
+                self._flag(row, length)
+                return self.pad_finished
+        return False
+
+    def _flag(self, row: int, column: int) -> None:
+        """A criterion stopped `row` at token column `column`. With pads its output ends there; without, the batch
+        ends at the last row's stop, which every row then reaches."""
+        self.flagged[row] = column
+        if self.pad_finished:
+            if self.final[row] is None or self.final[row] > column:
+                self.final[row] = column
+                self.generated[row] = min(self.generated[row], column)
+        elif all(flag is not False or end is not None for flag, end in zip(self.flagged, self.final)):
+            self.stop_at = min(self.stop_at, max(flag for flag in self.flagged if flag is not False))
+            for r in range(len(self.final)):
+                if self.generated[r] >= self.stop_at:
+                    self.final[r] = self.stop_at
+
+    def _length(self, row: int) -> int:
+        return self.final[row] if self.final[row] is not None else self.generated[row]
+
+    def _replay(self, final: bool = False):
+        """Ask the whole-batch criteria about each token column once every row has it, with the batch as plain
+        decoding would hold it (rows that ended show pad tokens), and stream that column."""
+        live = [self.generated[r] for r in self.rows.tolist()]
+        ready = max(self._length(r) for r in range(len(self.final))) if final or not live else min(live)
+        while self.replayed < ready:
+            self.replayed += 1
+            view = self._batch_view(self.width + self.replayed)
+            if self.streamer is not None:
+                self.streamer.put(view[:, -1].cpu())
+            if not self.batch_criteria:
+                continue
+            done = torch.zeros(len(view), dtype=torch.bool, device=view.device)
+            for criterion in self.batch_criteria:
+                done |= torch.as_tensor(criterion(view, None), device=view.device).expand(len(view))
+            for row in done.nonzero()[:, 0].tolist():
+                if self.flagged[row] is False:
+                    self._flag(row, self.replayed)
+            ready = min(ready, max(self._length(r) for r in range(len(self.final))))
+
+    def _batch_view(self, width: int) -> torch.Tensor:
+        """The (B, width) sequences as plain decoding holds them: pad tokens after a row's end, where it writes
+        them."""
+        view = self.sequences[:, :width].clone()
+        if self.pad_finished:
+            for row, end in enumerate(self.final):
+                if end is not None:
+                    view[row, self.width + end :] = self.pad_id
+        return view
