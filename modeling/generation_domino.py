@@ -57,6 +57,23 @@ def acceptance_length(accepted) -> float | None:
 _HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
 
 
+def lap_timer(timings: dict, enabled: bool, sync=lambda: None):
+    """`lap(phase)` adds the seconds since the last lap (or since this call) to `timings[phase]`, `sync()`ing a
+    device first (a CUDA synchronize, so that queued work is counted); a no-op when not `enabled`."""
+    if not enabled:
+        return lambda phase: None
+    sync()
+    last = [time.perf_counter()]
+
+    def lap(phase):
+        sync()
+        now = time.perf_counter()
+        timings[phase] = timings.get(phase, 0.0) + now - last[0]
+        last[0] = now
+
+    return lap
+
+
 class DominoContextCache:
     """Per-layer keys/values of the verified context, each (b, kv_heads, c, head_dim), that the generator keeps
     for the draft's forward (`past_key_values`). Only accepted positions are appended, so it is never cropped;
@@ -383,18 +400,7 @@ class DominoCandidateGenerator(CandidateGenerator):
 
     def _clock(self):
         """A lap timer into `stats.timings` when profiling, else a no-op."""
-        if not self.profile:
-            return lambda phase: None
-        self._sync()
-        last = [time.perf_counter()]
-
-        def lap(phase):
-            self._sync()
-            now = time.perf_counter()
-            self.stats.timings[phase] += now - last[0]
-            last[0] = now
-
-        return lap
+        return lap_timer(self.stats.timings, self.profile, self._sync)
 
     def _key_mask(self, model_kwargs, cur_len):
         """Boolean (1, 1, 1, cur_len - 1 + B) key mask when the prompt has padding, else None."""

@@ -33,6 +33,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .batch_policy_domino import BatchPolicy
+from .generation_domino import lap_timer
 from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
 from .ragged_domino import (
     RaggedCache,
@@ -138,8 +139,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.budget = self.generation_config.max_length - width
         start = (attention_mask == 0).long().sum(dim=1)  # (B,) left padding per row
         self.prompt_start = start.tolist()
-        max_span = max([n for n in (self.settings.context_lookup_tokens,
-                                    self.settings.suffix_cache_max_span if self.suffix_cache else 0)] + [1])
+        max_span = max(self.settings.context_lookup_tokens,
+                       self.settings.suffix_cache_max_span if self.suffix_cache else 0, 1)
         # every row's tokens, and one verify forward past the longest: a block or a span
         longest = max(self.config.block_size, max_span)
         if self.tree is not None:  # a tree's nodes: `width` per slot, and a span's
@@ -159,7 +160,6 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.policy = BatchPolicy(batch, max_span, cost, self.settings.draft_backoff, store_history(self.suffix_cache))
         self.cache = RaggedCache(start, capacity)
         self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)
-        self.started = time.perf_counter()
         self._prefill(input_ids)
         while len(self.rows):
             self._tree_step() if self.tree is not None and batch == 1 else self._step()
@@ -226,19 +226,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         """A lap timer into `stats.timings` when profiling (`profile_drafting`), else a no-op: the draft's phases,
         `verify` (the target's forward and the acceptance) and `rows` (what the batch costs beyond them: spans,
         proposals, per-row tokens and stops, rows leaving)."""
-        if not self.profile:
-            return lambda phase: None
         sync = torch.cuda.synchronize if self.target.device.type == "cuda" else (lambda: None)
-        sync()
-        last = [time.perf_counter()]
-
-        def lap(phase):
-            sync()
-            now = time.perf_counter()
-            self.stats.timings[phase] = self.stats.timings.get(phase, 0.0) + now - last[0]
-            last[0] = now
-
-        return lap
+        return lap_timer(self.stats.timings, self.profile, sync)
 
     def _find_spans(self, room) -> list:
         """Each live row's best span (context lookup, suffix cache), cut at its room; None where none."""
