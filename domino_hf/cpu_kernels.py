@@ -4,8 +4,8 @@ Why: speculative decoding pays one target forward over k+1 tokens per step. With
 (`nn.Linear` → MKL sgemm) a forward over 2–16 tokens costs 1.3–1.6× a 1-token forward on these CPUs, which
 eats most of what a draft saves. The same GEMMs on oneDNN with the weights reordered once into its blocked
 layout cost about the same for 1 to 8 rows (docs/cpu_kernels.md). Which kernel wins for a 1-token step
-depends on the CPU, so each layer shape keeps the stock kernel for the few-token forwards where it measured
-faster on this one (`calibrate_stock_rows`).
+depends on the CPU and on the forward's length, so each layer shape keeps the stock kernel for the forward
+lengths where it measured faster on this one (`calibrate_stock_rows`).
 
 Contract of `optimize_for_cpu(model)`:
 
@@ -52,12 +52,15 @@ from .kv_cache import GrowingCacheGenerate, use_default_cache, use_growing_cache
 logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-ROW_CANDIDATES = (1, 2)  # few-token forwards (plain steps); verifies of more tokens stay packed
+# Forward lengths (rows: tokens × batch rows) at which the two kernels are timed: plain steps (1 token a row),
+# verifies at batch size 1 (a few tokens) and batches of verifies (B × q). A length between two of them takes
+# the choice of the lower one; longer forwards always run packed.
+ROW_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
 COLD_BYTES = 64 * 2**20  # timed weights span more than a CPU cache
-STOCK_MARGIN = 0.9  # packed kernels take a 1-2-row forward only when ≥ 10% faster there: close calls stay stock
+STOCK_MARGIN = 0.9  # packed kernels take a forward length only when ≥ 10% faster there: close calls stay stock
 _warned_devices: set[str] = set()
 _dtype_support: dict[torch.dtype, bool] = {}
-_stock_rows: dict[tuple, int] = {}  # (out, in, dtype, threads) -> calibrated `stock_rows`
+_stock_rows: dict[tuple, tuple[int, ...]] = {}  # (out, in, dtype, threads) -> calibrated stock lengths
 
 
 def packable(dtype: torch.dtype) -> bool:
@@ -83,27 +86,27 @@ def _median_seconds(run, repeats: int) -> float:
     return statistics.median(times)
 
 
-def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None) -> int:
-    """The largest forward length (rows, from `ROW_CANDIDATES`) up to which the stock kernel stays on this CPU
-    for a weight of this shape and dtype, at the current thread count: the packed one takes over from the
-    first row count where it is faster by `STOCK_MARGIN`; 0 when it is from 1 row. Timed once per process and
-    shape (interleaved medians, well under a second).
+def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[int, ...]:
+    """The forward lengths (rows, from `ROW_CANDIDATES`) at which the stock kernel stays on this CPU for a
+    weight of this shape and dtype, at the current thread count: the packed kernel takes a length where it is
+    faster by `STOCK_MARGIN`. Timed once per process and shape (interleaved medians, about a second for
+    SmolLM2's LM head, well under for the other layers).
 
     Close calls go to stock because 1-2-row forwards are plain decoding steps, which stock transformers runs
     on stock kernels: with the margin the other way, timing noise on a busy machine left a third of SmolLM2's
     layers packed at 1 row in one run, and plain decoding on "optimized" kernels 15% slower than stock.
 
-    Why: which GEMM wins for few rows depends on the CPU. On the AVX-512 machines of docs/cpu_kernels.md the
-    packed kernels won from 1 row; on an AMX machine MKL's 1-row path is faster for every layer of SmolLM2
-    (a plain step 58 ms stock, 68 ms packed) while packed still wins at 5 rows for the MLP and LM head."""
+    Why per length: which GEMM wins depends on the CPU and on the rows. On the AVX-512 machines of
+    docs/cpu_kernels.md the packed kernels won from 1 row; on an AMX machine MKL is faster for every layer of
+    SmolLM2 up to 3 or 4 rows and for some at 5 and more, while packed wins from 2 rows for the LM head."""
     key = (*weight.shape, weight.dtype, torch.get_num_threads())
     if key not in _stock_rows:
         # A decoding step reads each weight from memory, not from cache: time on enough copies to flush it.
         copies = max(1, min(64, COLD_BYTES // max(1, weight.numel() * weight.element_size())))
+        stock_rows = []
         with torch.no_grad():
             weights = [weight.detach().clone() for _ in range(copies)]
             packed_weights = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
-            stock_rows = 0
             for rows in ROW_CANDIDATES:
                 x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
                 stock_cycle, packed_cycle = itertools.cycle(weights), itertools.cycle(packed_weights)
@@ -116,16 +119,27 @@ def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None)
 
                 stock(), packed()  # warm-up
                 one = _median_seconds(stock, 3) + _median_seconds(packed, 3)
-                repeats = max(5, min(25, int(0.02 / max(one, 1e-7))))  # ~40 ms per row count at most
+                repeats = max(3, min(25, int(0.02 / max(one, 1e-7))))  # ~40 ms per row count at most
                 stock_s, packed_s = [], []
                 for _ in range(3):  # interleaved rounds: a drift of a shared machine hits both
                     stock_s.append(_median_seconds(stock, repeats))
                     packed_s.append(_median_seconds(packed, repeats))
-                if statistics.median(packed_s) < STOCK_MARGIN * statistics.median(stock_s):
-                    break
-                stock_rows = rows
-        _stock_rows[key] = stock_rows
+                if statistics.median(packed_s) >= STOCK_MARGIN * statistics.median(stock_s):
+                    stock_rows.append(rows)
+        _stock_rows[key] = tuple(stock_rows)
     return _stock_rows[key]
+
+
+def stock_table(stock_rows: int | tuple[int, ...]) -> tuple[bool, ...]:
+    """Whether a forward of r rows (index r, up to the longest of `ROW_CANDIDATES`) runs the stock kernel:
+    from calibrated lengths (a length between two candidates takes the lower one's choice), or from an int n
+    (stock up to n rows)."""
+    if isinstance(stock_rows, int):
+        return tuple(0 < rows <= stock_rows for rows in range(max(stock_rows, ROW_CANDIDATES[-1]) + 1))
+    table = [False]
+    for rows in range(1, ROW_CANDIDATES[-1] + 1):
+        table.append(rows in stock_rows if rows in ROW_CANDIDATES else table[-1])
+    return tuple(table)
 
 
 def _weight_key(weight: torch.Tensor) -> tuple:
@@ -137,13 +151,13 @@ class PackedLinear(nn.Linear):
     """`nn.Linear` whose inference forward runs oneDNN on a pre-packed copy of the weight.
 
     Installed by swapping the class of an existing `nn.Linear` (no new parameters, same state dict); the
-    stock forward runs whenever a gradient is needed, and for inputs of at most `stock_rows` rows (tokens),
-    where the stock kernel is the faster one on this CPU (`calibrate_stock_rows`).
+    stock forward runs whenever a gradient is needed, and for inputs of the lengths (rows: tokens × batch)
+    where the stock kernel is the faster one on this CPU (`calibrate_stock_rows`, `stock_table`).
     """
 
     _packed_weight: torch.Tensor | None
     _packed_key: tuple | None
-    stock_rows: int = 0
+    stock_table: tuple[bool, ...] = ()  # stock_table[r]: a forward of r rows runs the stock kernel
 
     def repack(self) -> None:
         weight = self.weight.detach()
@@ -157,7 +171,8 @@ class PackedLinear(nn.Linear):
         return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() <= self.stock_rows * x.shape[-1] or not self._can_use_packed(x):
+        rows = x.numel() // max(1, x.shape[-1])
+        if (rows < len(self.stock_table) and self.stock_table[rows]) or not self._can_use_packed(x):
             return F.linear(x, self.weight, self.bias)
         if self._packed_key != _weight_key(self.weight):
             self.repack()
@@ -179,8 +194,9 @@ def _model_device(model: nn.Module) -> torch.device | None:
 def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Module:
     """Run every plain `nn.Linear` of `model` on pre-packed oneDNN weights; see the module doc.
 
-    `stock_rows`: forwards of at most this many tokens keep the stock kernels (a plain decoding step is one
-    token); None measures it per layer shape on this CPU (`calibrate_stock_rows`), 0 packs every forward.
+    `stock_rows`: forwards of at most this many rows (tokens × batch rows) keep the stock kernels (a plain
+    decoding step is one token); None measures, per layer shape on this CPU, at which lengths the stock kernel
+    is the faster (`calibrate_stock_rows`); 0 packs every forward.
     Returns `model` (changed in place). Logs how many layers were packed and how many were skipped (layers
     that are `nn.Linear` subclasses such as quantised or adapter layers, or in a dtype other than
     float32/bfloat16).
@@ -199,7 +215,7 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
         return model
     packed = already = 0
     skipped: dict[str, int] = {}
-    rows_used: dict[int, int] = {}
+    rows_used: dict[int | tuple[int, ...], int] = {}
     with torch.no_grad():
         for module in model.modules():
             if type(module) is PackedLinear:
@@ -207,10 +223,9 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
             elif type(module) is nn.Linear and module.weight.device.type == "cpu" and packable(module.weight.dtype):
                 module.__class__ = PackedLinear
                 module.repack()
-                module.stock_rows = (
-                    calibrate_stock_rows(module.weight, module.bias) if stock_rows is None else stock_rows
-                )
-                rows_used[module.stock_rows] = rows_used.get(module.stock_rows, 0) + 1
+                lengths = calibrate_stock_rows(module.weight, module.bias) if stock_rows is None else stock_rows
+                module.stock_table = stock_table(lengths)
+                rows_used[lengths] = rows_used.get(lengths, 0) + 1
                 packed += 1
             elif isinstance(module, nn.Linear):
                 reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
@@ -226,9 +241,12 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
             sum(skipped.values()),
             f" ({detail})" if detail else "",
         )
-    if any(rows_used):
-        logger.info("optimize_for_cpu: stock kernels where faster on this CPU: %s.", ", ".join(
-            f"{n} layer(s) up to {rows} token(s)" for rows, n in sorted(rows_used.items()) if rows))
+    stock_where = [(lengths, n) for lengths, n in rows_used.items() if lengths]
+    if stock_where:
+        def said(lengths):
+            return f"up to {lengths}" if isinstance(lengths, int) else "at " + ", ".join(map(str, lengths))
+        logger.info("optimize_for_cpu: stock kernels where faster on this CPU: %s.", "; ".join(
+            f"{n} layer(s) {said(lengths)} row(s)" for lengths, n in stock_where))
     _use_fast_attention_and_cache(model)
     return model
 
@@ -259,7 +277,7 @@ def restore_stock_kernels(model: nn.Module) -> nn.Module:
             module.__class__ = nn.Linear
             module.__dict__.pop("_packed_weight", None)
             module.__dict__.pop("_packed_key", None)
-            module.__dict__.pop("stock_rows", None)
+            module.__dict__.pop("stock_table", None)
     return model
 
 

@@ -107,21 +107,44 @@ def test_few_token_forwards_keep_the_stock_kernel_where_it_is_faster(monkeypatch
             x = torch.randn(shape)
             torch.testing.assert_close(layer(x), linear(x, layer[0].weight, layer[0].bias), atol=1e-5, rtol=1e-5)
     assert stock_calls == [(1, 16), (1, 2, 16)]  # tokens ≤ stock_rows: stock; more: packed
-    # calibrated: a row count of ROW_CANDIDATES (or 0), measured once per shape, dtype and thread count
+    # calibrated: lengths from ROW_CANDIDATES, measured once per shape, dtype and thread count
     weight = torch.randn(24, 40)
     rows = kernels.calibrate_stock_rows(weight)
-    assert rows in (0, *kernels.ROW_CANDIDATES)
+    assert set(rows) <= set(kernels.ROW_CANDIDATES)
     assert kernels._stock_rows[(24, 40, torch.float32, torch.get_num_threads())] == rows
     monkeypatch.setattr(kernels, "_median_seconds", lambda *a: pytest.fail("timed again"))
     assert kernels.calibrate_stock_rows(torch.zeros(24, 40)) == rows
     restore_stock_kernels(layer)
-    assert "stock_rows" not in layer[0].__dict__
+    assert "stock_table" not in layer[0].__dict__
+
+
+def test_calibrated_lengths_pick_the_kernel_per_forward_length(monkeypatch):
+    import domino_hf.cpu_kernels as kernels
+
+    # stock at 1-3 and 5 rows, packed at 4 and from 6: a length between candidates takes the lower one's choice
+    table = kernels.stock_table((1, 2, 3, 5))
+    assert [rows for rows, stock in enumerate(table) if stock] == [1, 2, 3, 5]
+    table = kernels.stock_table((1, 8))
+    assert [rows for rows, stock in enumerate(table) if stock] == [1, 8, 9, 10, 11]
+    assert len(table) == kernels.ROW_CANDIDATES[-1] + 1  # longer forwards: packed
+    assert kernels.stock_table(20)[20] and not kernels.stock_table(0)[1]
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(16, 32)), stock_rows=0).eval()
+    layer[0].stock_table = kernels.stock_table((1, 2, 3, 5))
+    stock_calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(kernels.F, "linear", lambda *a: stock_calls.append(a[0].shape) or linear(*a))
+    with torch.no_grad():
+        for shape in [(1, 1, 16), (2, 2, 16), (5, 16), (1, 6, 16), (40, 16)]:
+            x = torch.randn(shape)
+            torch.testing.assert_close(layer(x), linear(x, layer[0].weight, layer[0].bias), atol=1e-5, rtol=1e-5)
+    assert stock_calls == [(1, 1, 16), (5, 16)]  # rows = tokens × batch rows: 1 and 5 stock; 4, 6, 40 packed
 
 
 @pytest.mark.parametrize(("packed_over_stock", "expected"), [
-    ({1: 0.95, 2: 0.95}, 2),  # close calls stay stock: plain decoding steps run as in stock transformers
-    ({1: 0.8, 2: 0.8}, 0),  # packed clearly faster from 1 row
-    ({1: 1.3, 2: 0.8}, 1),  # stock faster at 1 row only
+    ({}, (1, 2, 3, 4, 5, 6, 8, 12, 16)),  # close calls stay stock: plain steps run as in stock transformers
+    ({1: 0.8, 2: 0.8, 3: 0.8, 4: 0.8, 5: 0.8, 6: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, ()),  # packed clearly faster
+    ({2: 0.8, 3: 0.8, 4: 0.8, 5: 0.8, 6: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, (1,)),  # stock faster at 1 row only
+    ({5: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, (1, 2, 3, 4, 6)),  # not monotone: each length on its own timing
 ])
 def test_calibration_hands_few_rows_to_packed_only_when_clearly_faster(monkeypatch, packed_over_stock, expected):
     import domino_hf.cpu_kernels as kernels
@@ -130,7 +153,7 @@ def test_calibration_hands_few_rows_to_packed_only_when_clearly_faster(monkeypat
 
     def timed(fn, repeats):  # the decision rule alone, on given timings: stock 1 ms a call
         rows = fn.__defaults__[0].shape[0]
-        return 1e-3 * (packed_over_stock[rows] if fn.__name__ == "packed" else 1.0)
+        return 1e-3 * (packed_over_stock.get(rows, 0.95) if fn.__name__ == "packed" else 1.0)
 
     monkeypatch.setattr(kernels, "_median_seconds", timed)
     assert kernels.calibrate_stock_rows(torch.randn(24, 40)) == expected
