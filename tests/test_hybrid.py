@@ -318,6 +318,27 @@ def test_verify_cost_is_refitted_to_the_measured_forwards():
     assert flat(9) == 1.0
 
 
+def test_verify_cost_keeps_the_steps_a_line_misses():
+    """A GEMM library that switches algorithm at 4 rows (an AMX Xeon: 3 tokens 1.12×, 4 tokens 1.43× a plain step):
+    each measured length follows its own forwards, unmeasured ones the line, and a length's own average fades
+    when it stops being measured only as fast as the line's old points do."""
+    from domino_hf.modeling.hybrid_domino import VerifyCost
+
+    curve = {1: 0.048, 2: 0.052, 3: 0.054, 4: 0.068, 5: 0.070, 9: 0.080}
+    cost = VerifyCost(measure=True)
+    for _ in range(40):
+        for k in (1, 3, 4, 5, 9):
+            cost.observe(k, curve[k])
+    for k in (3, 4, 5, 9):
+        assert cost(k) == pytest.approx(curve[k] / curve[1], rel=0.03), k
+    assert cost(4) - cost(3) > 0.25  # the step survives; a line through these points would put it at ~0.05
+    line = cost.seconds(7)  # never measured: the least-squares line
+    assert curve[5] < line < curve[9]
+    for _ in range(200):  # only 3 and 9 measured from now on: 4's old average fades towards the line
+        cost.observe(3, curve[3]), cost.observe(9, curve[9])
+    assert cost.seconds(4) == pytest.approx(cost.seconds(3) + (curve[9] - curve[3]) / 6, rel=0.02)
+
+
 def test_measured_verify_cost_times_every_step_and_stays_lossless(fitted_pair, monkeypatch):
     """`measure_verify_cost`: each verify forward is timed (k = tokens proposed + 1); output unchanged."""
     from domino_hf.modeling.hybrid_domino import VerifyCost
