@@ -552,6 +552,18 @@ def test_batch_sizes_report_throughput_tau_and_lossless(batched_result):
         single = result["methods"][name]
         assert m["lossless"] == single["lossless"] and m["tau"] == pytest.approx(single["tau"])
         assert m["row_ms_per_token"] == pytest.approx(single["decode_ms_per_token"], rel=1e-3)
+    for name, m in batch["sizes"]["2"].items():  # the per-step split (profiling is on by default on CPU)
+        if not m["supported"]:
+            continue
+        profile = m["profile"]
+        assert profile["step_ms"] == pytest.approx(1000 * sum(
+            r["decode_ms"] / 1000 for r in batch["runs"] if r["method"] == name) / m["forwards"], rel=1e-3)
+        if name in ("dflash", "domino"):
+            phases = [profile[f"{p}_ms"] for p in ("verify", "draft", "rows", "other")]
+            assert all(v >= 0 for v in phases) and profile["verify_ms"] > 0 and profile["draft_ms"] > 0
+            assert sum(phases) == pytest.approx(profile["step_ms"], rel=1e-6) or profile["other_ms"] == 0
+        else:
+            assert set(profile) == {"step_ms"}  # plain decoding: no draft to time its phases
     runs = batch["runs"]
     assert {r["batch_size"] for r in runs} == {2} and any(r["padding"] > 0 for r in runs)
     assert all(sum(r["row_tokens"]) == 10 * len(r["prompts"]) for r in runs)
@@ -568,6 +580,9 @@ def test_batch_report_files(batched_result, tmp_path):
     assert "| batch size | method | τ | tokens/s | speedup | vs stock transformers | row ms/token" in section
     assert "| 2 | prompt_lookup | n/a |" in section and "n/a (one sequence at a time)" in section
     assert "| 2 | domino |" in section and "| 1 | prompt_lookup | 1." in section
+    profile = section.split("### Where a batch step's time goes")[1]
+    assert "| batch size | method | step ms | verify | draft | rows | other | rows ÷ step |" in profile
+    assert "| 2 | domino |" in profile and "| 2 | autoregressive |" in profile and "| 1 |" not in profile
 
 
 def test_batched_method_that_differs_is_not_lossless(bench_models, monkeypatch, tmp_path, caplog):

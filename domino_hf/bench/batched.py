@@ -29,6 +29,11 @@ What is measured, per batch (one `generate` call over its rows):
   and step); plain decoding's is 1.
 * lossless (greedy) = every row of every batch token-identical, pads included, to plain batched decoding's same row
   of the same batch at that B (its first repeat).
+* profile (with `BenchConfig.profile`, on by default on CPU): a batch step's decode time split, in ms per step
+  (decode time ÷ the target's forwards after the prefill): `verify` (the target forward and reading its logits),
+  `draft` (backbone + LM head + head rollout, every live row at once), `rows` (the verify loop's own bookkeeping:
+  spans, the policy, rows leaving, whole-batch criteria) and `other` (what the draft does not time: the call's
+  set-up and return, and everything of a method whose draft times nothing, such as plain decoding).
 
 B = 1 is the single-sequence benchmark (`runner.run_benchmark`, the run without `--batch-size`, unchanged): its
 entry here is computed from those runs with the same formulas, its decode time being the streamer's (the first
@@ -52,6 +57,7 @@ from .runner import (
     config_record,
     make_generation_config,
     prepare_methods,
+    resolve_profile,
     run_benchmark,
     run_interleaved,
 )
@@ -139,6 +145,7 @@ class BatchRecord:
     sources: list[str]
     forwards: int
     padding: int = 0
+    phases: dict[str, float] | None = None  # seconds per phase of the draft's own timing (`profile_drafting`)
 
     def row_ms_per_token(self) -> list[float]:
         return [1000.0 * self.decode_s / n for n in self.decode_tokens if n > 0]
@@ -167,6 +174,7 @@ def run_batch(target, method, batch: PromptBatch, repeat: int, generation_config
         t1 = time.perf_counter()
         steps = method.steps_from_stats()
         sources = method.step_sources()
+        phases = method.phase_timings()
     rows = output[:, input_ids.shape[1] :].tolist()
     tokens = [row_tokens(row, eos_ids(generation_config)) for row in rows]
     decode_tokens = [max(n - 1, 0) for n in tokens]
@@ -181,7 +189,7 @@ def run_batch(target, method, batch: PromptBatch, repeat: int, generation_config
         prompts=[p.label for p in batch.prompts], rows=rows, tokens=tokens, decode_tokens=decode_tokens,
         total_s=t1 - t0, prefill_s=prefill_end - t0, decode_s=t1 - prefill_end,
         accepted=list(steps[1]) if steps is not None else [0] * sum(decode_tokens),  # plain decoding: τ = 1
-        sources=sources, forwards=max(len(probe.calls) - 1, 0), padding=batch.padding,
+        sources=sources, forwards=max(len(probe.calls) - 1, 0), padding=batch.padding, phases=phases,
     )
 
 
@@ -243,7 +251,25 @@ def summarize_records(records: list[BatchRecord]) -> dict:
         "num_batches": len(records),
         "num_rows": sum(len(r.tokens) for r in records),
         "step_sources": source_shares([s for r in records for s in r.sources]),
+        "profile": step_profile(records),
     }
+
+
+PROFILE_PHASES = {"verify": ("verify",), "draft": ("backbone", "lm_head", "head_rollout"), "rows": ("rows",)}
+
+
+def step_profile(records: list[BatchRecord]) -> dict | None:
+    """ms per batch step (decode time ÷ forwards after the prefill), split into `PROFILE_PHASES` and `other` where
+    every record was profiled (`step_ms` alone otherwise, e.g. plain decoding); None without forwards."""
+    forwards = sum(r.forwards for r in records)
+    if not forwards:
+        return None
+    step_ms = 1000 * sum(r.decode_s for r in records) / forwards
+    if any(r.phases is None for r in records):
+        return {"step_ms": step_ms}
+    split = {f"{phase}_ms": 1000 * sum(r.phases.get(key, 0.0) for r in records for key in keys) / forwards
+             for phase, keys in PROFILE_PHASES.items()}
+    return {"step_ms": step_ms, **split, "other_ms": max(step_ms - sum(split.values()), 0.0)}
 
 
 def summarize_size(records: list[BatchRecord], names: list[str], size: int,
@@ -283,11 +309,12 @@ def run_batch_sizes(target, prompts: list[BenchPrompt], config: BenchConfig, siz
         raise ValueError(f"Batch sizes are positive integers, got {list(sizes)}.")
     sizes = sorted(set(sizes))
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
-    methods, kernels = prepare_methods(target, config, draft, assistant, profile=False)
+    profile = resolve_profile(config.profile, target.device)
+    methods, kernels = prepare_methods(target, config, draft, assistant, profile=profile)
     if 1 in sizes:
         result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
     else:  # no single-sequence run: the report holds the batch section alone
-        record = config_record(config, prompts, profile=False)  # the per-step profile covers B = 1 only
+        record = config_record(config, prompts, profile=profile)
         result = {"config": {**record, "target_kernels": kernels}, "methods": {}, "mismatches": {}, "runs": []}
     names = [m.name for m in methods]
     if pad_token_id is None:

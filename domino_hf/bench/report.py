@@ -21,7 +21,8 @@ JSON schema (top level):
 * `batch` (with `--batch-size` other than 1; `batched.py`): `config`: {sizes, order, pad_token_id, padding_side,
   batches (per size)}; `sizes`: {B: {method: {supported, tau, tokens_per_s, tokens_per_s_e2e, row_ms_per_token,
   speedup, speedup_vs_stock, lossless, mismatched_rows, prefill_ms, new_tokens, row_steps, forwards, num_batches,
-  num_rows, step_sources}}}, a method that takes one sequence at a time being {supported: false, note} at B ≥ 2;
+  num_rows, step_sources, profile: {step_ms, verify_ms, draft_ms, rows_ms, other_ms} (ms per batch step; plain
+  decoding step_ms alone)}}}, a method that takes one sequence at a time being {supported: false, note} at B ≥ 2;
   `mismatches`: {method: [first rows that differ from plain batched decoding]}; `runs`: one entry per timed batch.
   B = 1 is the single-sequence run of the top level; without 1 among the sizes, `methods` and `runs` are empty.
 * `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
@@ -183,6 +184,32 @@ def batch_table(batch: dict) -> str:
     return _table(header, rows)
 
 
+BATCH_PROFILE_NOTE = (
+    "ms per batch step (decode time ÷ the target's forwards after the prefill), means over the batches: verify = "
+    "the target forward over every live row; draft = backbone + LM head + head rollout, every live row at once; "
+    "rows = the verify loop's own bookkeeping (spans, choosing the step's length, rows leaving, whole-batch "
+    "criteria); other = what no phase covers (the call's set-up; all of plain decoding's step)."
+)
+
+
+def batch_profile_table(batch: dict) -> str | None:
+    """Where a batch step's time goes, per batch size ≥ 2 and method (`batched.step_profile`); None when nothing
+    was profiled."""
+    rows = []
+    for size, block in batch["sizes"].items():
+        for name, m in block.items():
+            profile = m.get("profile") if m.get("supported") and size != "1" else None
+            if not profile:
+                continue
+            split = [profile.get(f"{phase}_ms") for phase in ("verify", "draft", "rows", "other")]
+            rows.append([size, name, _fmt(profile["step_ms"], "{:.2f}"), *[_fmt(v, "{:.2f}") for v in split],
+                         _fmt(profile["rows_ms"] / profile["step_ms"], "{:.0%}") if profile.get("rows_ms") is not None
+                         else "–"])
+    if not any(row[3] != "–" for row in rows):
+        return None
+    return _table(["batch size", "method", "step ms", "verify", "draft", "rows", "other", "rows ÷ step"], rows)
+
+
 def batch_lossless_failures(result: dict) -> list[str]:
     """'method at batch size B' for every B ≥ 2 where a method's greedy rows differed from plain batched decoding."""
     sizes = (result.get("batch") or {}).get("sizes", {})
@@ -287,6 +314,9 @@ def markdown(result: dict) -> str:
         note = f"{BATCH_NOTE} Every method on the same target kernels {kernels}" + STOCK_NOTE * stock
         parts += ["", "## Batched decoding: throughput by batch size", "", note + hub_note * (not result["methods"]),
                   "", batch_table(result["batch"])]
+        profile = batch_profile_table(result["batch"])
+        if profile:
+            parts += ["", "### Where a batch step's time goes", "", BATCH_PROFILE_NOTE, "", profile]
     if result.get("humaneval_pass1"):
         parts += ["", "## HumanEval pass@1 (sampling)", "", pass1_table(result["humaneval_pass1"])]
     bad = [m for m, v in result["methods"].items() if v["lossless"] is False]
