@@ -14,7 +14,15 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.generation.streamers import BaseStreamer
 
 from domino_hf.modeling.batch_policy_domino import BatchPolicy
-from domino_hf.modeling.tree_domino import DraftTree, accept_path, add_chain, prefix, tree_budget, tree_mask
+from domino_hf.modeling.tree_domino import (
+    DraftTree,
+    accept_path,
+    add_chain,
+    path_keys,
+    prefix,
+    tree_budget,
+    tree_mask,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -50,6 +58,18 @@ def test_prefix_keeps_ancestors_and_a_span_branch_merges():
     assert sorted(top.tokens.tolist()) == [2, 6, 8]
     for node, parent in enumerate(top.parents.tolist()):
         assert parent < node  # ancestors first
+
+
+def test_path_keys_name_a_node_across_merges_and_prefixes():
+    """The draft's calibration compares its own probabilities with what was accepted on its own nodes: a node is
+    found again by its token path after a span merged into the tree and the tree was cut."""
+    raw = small_tree()
+    assert path_keys(raw) == [(5,), (6,), (5, 7), (6, 8), (6, 8, 9)]
+    cut = prefix(add_chain(raw, [6, 8, 2], [0.9, 0.8, 0.7]), 3)
+    own = dict(zip(path_keys(raw), raw.probs.tolist()))
+    keys = path_keys(cut)
+    assert sorted(keys) == [(6,), (6, 8), (6, 8, 2)]
+    assert sum(own.get(key, 0.0) for key in keys) == pytest.approx(0.3 + 0.2)  # the draft's own, not the span's
 
 
 def test_budget_grows_with_cheap_verifies():

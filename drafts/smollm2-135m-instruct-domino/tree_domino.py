@@ -152,6 +152,14 @@ def tree_budget(tree: DraftTree, seconds, room: int) -> int:
     return max(range(len(value)), key=lambda count: (value[count], -count))
 
 
+def path_keys(tree: DraftTree) -> list[tuple[int, ...]]:
+    """Each node's tokens from the anchor down to it: a node's identity across `add_chain`, `scale` and `prefix`."""
+    keys: list[tuple[int, ...]] = []
+    for parent, token in zip(tree.parents.tolist(), tree.tokens.tolist()):  # parents come before their children
+        keys.append((keys[parent] if parent >= 0 else ()) + (token,))
+    return keys
+
+
 def tree_positions(tree: DraftTree) -> torch.Tensor:
     """(1 + N,) offsets from the anchor's position: 0 for the anchor, each node's depth."""
     return torch.cat([torch.zeros(1, dtype=torch.long), tree.depths])
@@ -237,10 +245,11 @@ class TreeSteps:
         new = tree.tokens[path].tolist() + [choice[kept[-1]]]
         if span is not None:
             policy.choosers[row].span_model(span).observe(span.tokens, new)
-        if raw is not None and count:  # calibrate the draft's path probabilities on what the target accepted
-            policy.predicted += float(tree.probs[tree.depths <= room].sum()) / max(policy.realised / policy.predicted,
-                                                                                     1e-6)
-            policy.realised += len(path)
+        if raw is not None and count:  # calibrate the draft's own path probabilities on the draft nodes verified
+            own = dict(zip(path_keys(raw), raw.probs.tolist()))
+            keys = path_keys(tree)
+            policy.predicted += sum(own.get(key, 0.0) for key in keys if len(key) <= room)
+            policy.realised += sum(keys[node] in own for node in path)
         features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
         before = self.generated[row]
         self._append([new], torch.tensor([len(kept)]), features)
