@@ -61,6 +61,19 @@ class RaggedStates:
                               values.to(value_buffer.dtype))
         return key_buffer[:, :, : self._read], value_buffer[:, :, : self._read]
 
+    def adopt(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        """Take a prefill's per-layer (b, h, n, d) keys/values, computed with another cache, as every row's first n
+        entries (rows without left padding: `start` all 0)."""
+        n = keys[0].shape[2]
+        if n > self.capacity:
+            raise RuntimeError(f"Ragged cache overflow: {n} > {self.capacity} entries.")
+        for source, buffers in ((keys, self.keys), (values, self.values)):
+            for layer in source:
+                b, h, _, d = layer.shape
+                buffers.append(layer.new_zeros(b, h, self.capacity, d))
+                buffers[-1][:, :, :n] = layer
+        self.end = torch.full_like(self.end, n)
+
     def advance(self, counts: torch.Tensor) -> None:
         """Keep the first `counts[i]` (b,) of the entries just written for row i."""
         self.end += counts.to(self.end)

@@ -97,6 +97,24 @@ def test_untimed_choice_is_lossless(fitted):
     both(target, draft, ids, mask, max_new_tokens=20)
 
 
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_unpadded_prompts_prefill_as_plain_decoding_does(arch, fitted, flat_cost, monkeypatch):
+    """Rows without left padding (equal lengths, or one prompt) prefill with the model's own causal mask into a
+    `DynamicCache` that the ragged cache takes over; padded rows keep their explicit masks. Both exact."""
+    from domino_hf.modeling.ragged_domino import RaggedStates
+
+    adopted = []
+    adopt = RaggedStates.adopt
+    monkeypatch.setattr(RaggedStates, "adopt", lambda self, k, v: adopted.append(k[0].shape) or adopt(self, k, v))
+    target, draft, prompts = fitted(arch)
+    ids, mask = left_pad([p[0] for p in prompts[:3]])  # three 6-token prompts
+    both(target, draft, ids, mask, max_new_tokens=14)
+    assert len(adopted) == 1 and adopted[0][0] == 3 and adopted[0][2] == 6  # (b, h, n, d)
+    ids, mask = left_pad([prompts[0][0], prompts[1][0, :4]])
+    both(target, draft, ids, mask, max_new_tokens=14)
+    assert len(adopted) == 1  # padded: the explicit masks
+
+
 def test_never_right_rows_beside_always_right(fitted, flat_cost):
     target, draft, prompts = fitted("qwen3")
     strangers = tiny_prompts(3, length=9, seed=11)
