@@ -258,13 +258,15 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
 
     def _q_logits(self, proposal, draft_logits, q):
         """(b, q - 1, V) the processed logits each row's proposal was drawn from: the draft's, or one-hot for a
-        span (fixed given the context)."""
+        span (fixed given the context). A row's slots past its own proposal (a draft block shorter than another
+        row's span) are never accepted; they keep -inf."""
         b = len(proposal.sources)
         vocab = self.head.vocab_size
         logits = torch.full((b, q - 1, vocab), float("-inf"), device=self.anchors.device)
         for i, source in enumerate(proposal.sources):
             if source == "domino":
-                logits[i] = draft_logits[i, : q - 1].to(logits)
+                n = min(q - 1, draft_logits.shape[1])
+                logits[i, :n] = draft_logits[i, :n].to(logits)
             elif source != "none":
                 logits[i].scatter_(1, proposal.ids[i, : q - 1, None].to(logits.device), 0.0)
         return logits

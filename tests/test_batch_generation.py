@@ -252,6 +252,31 @@ def test_sampling_each_row_is_exact(sampling_pair, flat_cost):
         assert chi_square_pvalue(row_counts, exact) > 1e-3
 
 
+def test_sampling_beside_a_span_longer_than_the_block(sampling_pair, flat_cost, monkeypatch):
+    """A row drafting its block beside a row verifying a longer context span: the step is as long as the span, the
+    drafting row's q covers only its block, and that row still samples from the target's distribution."""
+    from collections import Counter
+
+    target, draft = sampling_pair
+    original = DominoBatchDecoder._q_logits
+    longer = []
+
+    def watch(self, proposal, draft_logits, q):
+        longer.append("domino" in proposal.sources and draft_logits is not None and q - 1 > draft_logits.shape[1])
+        return original(self, proposal, draft_logits, q)
+
+    monkeypatch.setattr(DominoBatchDecoder, "_q_logits", watch)
+    ids, mask = left_pad([PROMPT[0], torch.tensor([1, 2, 5, 4, 0, 5, 2] * 4)])  # row 1 repeats itself: lookup spans
+    torch.manual_seed(5)
+    counts = Counter()
+    for _ in range(400):
+        out = target.generate(input_ids=ids, attention_mask=mask, do_sample=True, max_new_tokens=14,
+                              assistant_model=draft)
+        counts[tuple(out[0, ids.shape[1] : ids.shape[1] + NEW].tolist())] += 1  # row 0's first NEW tokens
+    assert sum(longer) > 0
+    assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) > 1e-3
+
+
 def test_sampling_check_catches_a_wrong_q(sampling_pair, flat_cost, monkeypatch):
     """Teeth: claiming a uniform q for the drafted tokens breaks every row's distribution."""
     target, _ = sampling_pair
