@@ -161,6 +161,7 @@ def make_candidate_generator(draft, target, generation_config, logits_processor,
 
 _INEXACT_DTYPES = (torch.bfloat16, torch.float16)
 _WARNED_TARGETS = weakref.WeakSet()  # targets already warned about (`warn_if_target_inexact`)
+_TREE_FALLBACKS: set = set()  # attention implementations already said to verify the chain instead of trees
 
 
 def warn_if_target_inexact(target) -> None:
@@ -254,12 +255,25 @@ def decode_batch(draft, target, arguments: dict):
 _PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
 
 
-def _verifies_tree(draft, config) -> bool:
-    """Whether a single-prompt call verifies draft trees (`use_draft_tree`): greedy, with no per-step outputs."""
+def _verifies_tree(draft, target, config) -> bool:
+    """Whether a single-prompt call verifies draft trees (`use_draft_tree`): greedy, with no per-step outputs, on a
+    target whose attention takes a tree mask (else the chain, said once per attention implementation)."""
     if config.do_sample or (config.return_dict_in_generate and any(getattr(config, name, False)
                                                                     for name in _PER_STEP_OUTPUTS)):
         return False
-    return resolve_drafting_settings(draft, config).use_draft_tree
+    if not resolve_drafting_settings(draft, config).use_draft_tree:
+        return False
+    from .ragged_domino import SUPPORTED_ATTENTION
+
+    attention = getattr(target.config, "_attn_implementation", None)
+    if attention in SUPPORTED_ATTENTION:
+        return True
+    if attention not in _TREE_FALLBACKS:
+        _TREE_FALLBACKS.add(attention)
+        logger.warning("Domino: use_draft_tree needs attention that takes a tree mask (%s), not %r: verifying the "
+                       "chain instead. Load the target with attn_implementation='sdpa' for draft trees.",
+                       ", ".join(SUPPORTED_ATTENTION), attention)
+    return False
 
 
 def _batch_decoder(draft, target, arguments: dict):
@@ -495,7 +509,8 @@ def install_generate_hook() -> None:
         bound = assisted_signature.bind_partial(self, *args, **kwargs).arguments
         if is_domino_draft(bound.get("assistant_model")):
             check_cache_supported(user_cache(bound.get("model_kwargs") or kwargs))
-            if bound["input_ids"].shape[0] > 1 or _verifies_tree(bound["assistant_model"], bound["generation_config"]):
+            draft, config = bound["assistant_model"], bound["generation_config"]
+            if bound["input_ids"].shape[0] > 1 or _verifies_tree(draft, self, config):
                 # a batch, or a draft tree: the Domino verify loop, not transformers' (a chain, batch 1 only)
                 return _batch_decoder(bound["assistant_model"], self, bound)
         token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))

@@ -138,3 +138,29 @@ def test_off_and_sampling_keep_the_chain(fitted_pair):
     assert tree_on.tolist() == chain.tolist() and not hasattr(draft.last_generation_stats, "per_row")
     with pytest.raises(ValueError, match="use_draft_tree"):
         target.generate(prompts[0], max_new_tokens=4, assistant_model=draft, use_draft_tree="yes")
+
+
+def test_attention_without_tree_masks_verifies_the_chain(fitted_pair, caplog):
+    """An attention implementation the tree mask cannot go through (a custom one registered by the user): the chain,
+    said once in the log, output unchanged."""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register("user_attention", sdpa_attention_forward)  # the user's kernel and its mask
+    AttentionMaskInterface.register("user_attention", sdpa_mask)
+    target, draft, prompts = fitted_pair("qwen2")
+    plain = target.generate(prompts[0], do_sample=False, max_new_tokens=8)
+    saved = target.config._attn_implementation
+    target.config._attn_implementation = "user_attention"
+    try:
+        with caplog.at_level("WARNING"):
+            for _ in range(2):
+                out = target.generate(prompts[0], do_sample=False, max_new_tokens=8, assistant_model=draft,
+                                      use_draft_tree=True)
+                assert out.tolist() == plain.tolist()
+                assert not hasattr(draft.last_generation_stats, "per_row")  # transformers' chain loop
+    finally:
+        target.config._attn_implementation = saved
+    said = [r for r in caplog.records if "use_draft_tree needs attention" in r.getMessage()]
+    assert len(said) == 1 and "'user_attention'" in said[0].getMessage()
