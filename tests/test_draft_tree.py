@@ -100,6 +100,21 @@ def test_tree_is_lossless_and_branches(arch, fitted_pair, flat_cost):
     assert branched and accepted
 
 
+def test_span_alone_skips_the_draft_while_copying(fitted_pair, flat_cost):
+    """Where the target repeats its context, some steps send the lookup span alone without running the draft (as
+    the chain does), others still draft a tree; the output stays identical."""
+    target, draft, prompts = fitted_pair("llama")
+    span_only = runs = 0
+    for ids in prompts[:3]:
+        reference = target.generate(ids, do_sample=False, max_new_tokens=60)
+        output = target.generate(ids, do_sample=False, max_new_tokens=60, assistant_model=draft, use_draft_tree=True)
+        assert output.tolist() == reference.tolist()
+        stats = draft.last_generation_stats
+        span_only += stats.num_steps - sum(stats.draft_runs)
+        runs += sum(stats.draft_runs)
+    assert span_only > 0 and runs > 0
+
+
 def test_tree_with_processors_stop_criteria_and_streamer(fitted_pair, flat_cost):
     target, draft, prompts = fitted_pair("qwen2")
 

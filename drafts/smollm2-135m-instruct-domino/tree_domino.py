@@ -201,7 +201,9 @@ class TreeShape(NamedTuple):
 
 class TreeSteps:
     """The draft-tree step of the batched verify loop (`DominoBatchDecoder`, one greedy row): build the tree, add the
-    row's best span as a branch, keep the nodes that pay, verify them in one forward, keep the accepted path."""
+    row's best span as a branch, keep the nodes that pay, verify them in one forward, keep the accepted path. While
+    a span is being copied, or spans like it lately expect over a token more than the draft's accepted depth, the
+    span goes out alone without running the draft (`SourceChooser.span_first`, as the chain decides)."""
 
     def _tree_step(self):
         lap = self._clock()
@@ -212,7 +214,9 @@ class TreeSteps:
         span = self._find_spans(torch.tensor([room]))[0]
         policy, tree = self.policy, DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3),
                                               torch.zeros(0))
-        drafted = room > 0 and self.n_draft > 0 and policy.should_draft()
+        chooser = policy.choosers[row]
+        span_only = span is not None and chooser.span_first(span)  # a copy under way, or spans like it beat the draft
+        drafted = room > 0 and self.n_draft > 0 and not span_only and policy.should_draft()
         raw = None
         if drafted:
             began = time.perf_counter()
@@ -244,12 +248,15 @@ class TreeSteps:
         states.advance(torch.tensor([len(kept)]))
         new = tree.tokens[path].tolist() + [choice[kept[-1]]]
         if span is not None:
-            policy.choosers[row].span_model(span).observe(span.tokens, new)
+            chooser.span_model(span).observe(span.tokens, new)
+            chooser.copying = new[: len(span.tokens)] == span.tokens  # the whole span accepted: keep copying
         if raw is not None and count:  # calibrate the draft's own path probabilities on the draft nodes verified
             own = dict(zip(path_keys(raw), raw.probs.tolist()))
             keys = path_keys(tree)
+            depth = sum(keys[node] in own for node in path)  # accepted nodes the draft's own tree holds
             policy.predicted += sum(own.get(key, 0.0) for key in keys if len(key) <= room)
-            policy.realised += sum(keys[node] in own for node in path)
+            policy.realised += depth
+            chooser.domino_average += chooser.alpha * (depth - chooser.domino_average)  # what `span_first` weighs
         features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
         before = self.generated[row]
         self._append([new], torch.tensor([len(kept)]), features)
