@@ -1,5 +1,6 @@
 """Draft trees (`use_draft_tree=True`): a single greedy prompt verifies the block's likeliest branches, grown by the
-Domino head, in one forward with a tree mask; the output must stay token-identical to the target alone.
+Domino head, in one forward with a tree mask; the output must stay token-identical to the target alone, and sampled
+outputs must follow the target's distribution (chi-square, with a negative control).
 
 Tiny random fp32 targets of five architectures (Gemma3's sliding window included) with drafts fitted to their
 greedy continuations; the tree's pieces (mask, acceptance walk, budget, a span as a branch) on hand-built trees.
@@ -9,8 +10,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, tiny_prompts
-from transformers import StoppingCriteria, StoppingCriteriaList
+from conftest import TINY_ARCHS, fit_tiny_draft, make_tiny_draft, tiny_prompts
+from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, make_sampling_target
+from transformers import (
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+)
 from transformers.generation.streamers import BaseStreamer
 
 from domino_hf.modeling.batch_policy_domino import BatchPolicy
@@ -20,6 +28,7 @@ from domino_hf.modeling.tree_domino import (
     add_chain,
     path_keys,
     prefix,
+    sample_path,
     tree_budget,
     tree_mask,
 )
@@ -142,17 +151,87 @@ def test_tree_with_processors_stop_criteria_and_streamer(fitted_pair, flat_cost)
     assert stream.tokens == output[0].tolist()
 
 
-def test_off_and_sampling_keep_the_chain(fitted_pair):
+def test_off_keeps_the_chain(fitted_pair):
     target, draft, prompts = fitted_pair("llama")
     target.generate(prompts[0], do_sample=False, max_new_tokens=8, assistant_model=draft)
     assert not hasattr(draft.last_generation_stats, "per_row")  # the chain: transformers' loop
-    torch.manual_seed(0)
-    chain = target.generate(prompts[0], do_sample=True, max_new_tokens=8, assistant_model=draft)
-    torch.manual_seed(0)
-    tree_on = target.generate(prompts[0], do_sample=True, max_new_tokens=8, assistant_model=draft, use_draft_tree=True)
-    assert tree_on.tolist() == chain.tolist() and not hasattr(draft.last_generation_stats, "per_row")
+    target.generate(prompts[0], do_sample=True, max_new_tokens=8, assistant_model=draft, use_draft_tree=False)
+    assert not hasattr(draft.last_generation_stats, "per_row")
     with pytest.raises(ValueError, match="use_draft_tree"):
         target.generate(prompts[0], max_new_tokens=4, assistant_model=draft, use_draft_tree="yes")
+
+
+def test_sample_path_is_the_targets_distribution():
+    """Recursive rejection over siblings: the first token emitted after the anchor follows the target's
+    distribution whatever the children are, and a child is entered exactly when its token is emitted."""
+    tree = small_tree()  # children of the anchor: a (5), b (6)
+    probs = torch.full((6, 10), 0.05)
+    probs[0] = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0, 0.2, 0.5, 0.0, 0.0, 0.2])  # 6 likelier than 5
+    torch.manual_seed(0)
+    first = torch.zeros(10)
+    for _ in range(4000):
+        path, bonus = sample_path(tree, probs)
+        token = int(tree.tokens[path[0]]) if path else bonus
+        assert not path or path[0] in (0, 1)
+        assert path or bonus not in (5, 6)  # the bonus after rejecting both children is neither
+        first[token] += 1
+    assert torch.allclose(first / first.sum(), probs[0], atol=0.025)
+
+
+NEW = 4
+
+
+def sample_tree(target, draft, n, seed, **kwargs):
+    """Counts of PROMPT's continuations over `n` sampled calls with draft trees; the calls that verified more nodes
+    in a step than a chain holds; tokens accepted."""
+    from collections import Counter
+
+    torch.manual_seed(seed)
+    counts, nodes, accepted = Counter(), 0, 0
+    for _ in range(n):
+        out = target.generate(PROMPT, do_sample=True, max_new_tokens=NEW, assistant_model=draft, use_draft_tree=True,
+                              **kwargs)
+        counts[tuple(out[0, PROMPT.shape[1] :].tolist())] += 1
+        stats = draft.last_generation_stats
+        assert hasattr(stats, "per_row")  # the tree loop, not transformers' chain
+        nodes += max(stats.drafted) > draft.config.num_draft_tokens
+        accepted += sum(stats.accepted)
+    return counts, nodes, accepted
+
+
+@pytest.fixture(scope="module")
+def sampling_pair():
+    target = make_sampling_target()
+    draft = make_tiny_draft(target, gru_hidden_dim=16, correction_rank=8)
+    fit_tiny_draft(draft, target, [PROMPT] + tiny_prompts(5, vocab_size=VOCAB, length=PROMPT.shape[1]))
+    return target, draft
+
+
+@pytest.mark.parametrize("warpers", [{}, {"temperature": 0.7, "top_k": 4}])
+def test_sampling_trees_are_exact(sampling_pair, flat_cost, warpers):
+    target, draft = sampling_pair
+    counts, branched, accepted = sample_tree(target, draft, 500, seed=2, **warpers)
+    assert branched and accepted  # branched trees, some of them accepted
+    processors = LogitsProcessorList()
+    if warpers:
+        processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(4)])
+    assert chi_square_pvalue(counts, exact_distribution(target, processors)) > 1e-3
+
+
+def test_sampling_check_catches_a_bonus_from_the_whole_distribution(sampling_pair, flat_cost, monkeypatch):
+    """Teeth: drawing the bonus from the target's whole distribution, rejected children included, is biased."""
+    from domino_hf.modeling import tree_domino
+
+    original = tree_domino.sample_path
+
+    def careless(tree, probs):
+        path, bonus = original(tree, probs)
+        return path, int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1))
+
+    monkeypatch.setattr(tree_domino, "sample_path", careless)
+    target, draft = sampling_pair
+    counts, _, _ = sample_tree(target, draft, 500, seed=2)
+    assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) < 1e-6
 
 
 def test_attention_without_tree_masks_verifies_the_chain(fitted_pair, caplog):

@@ -30,8 +30,8 @@ All methods run in one process on the same loaded target, interleaved prompt by 
   domino          the Domino checkpoint as shipped: the Domino block or a span looked up in the context,
                   paused where it does not pay (the draft's `draft_backoff`); without the cross-request store
                   (`use_suffix_cache=False`, as every method but domino_cache)
-  domino_tree     `domino` verifying a draft tree per step (`use_draft_tree=True`; greedy, one prompt at a
-                  time: n/a at --batch-size B > 1, where a batch runs domino's chain)
+  domino_tree     `domino` verifying a draft tree per step (`use_draft_tree=True`; one prompt at a time:
+                  n/a at --batch-size B > 1, where a batch runs domino's chain)
   domino_cache    `domino` that also drafts from a cross-request store of earlier prompts and outputs (its
                   own `SuffixCache`, emptied after the warm-up); meant for --suite repeated
 

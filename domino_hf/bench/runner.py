@@ -180,8 +180,8 @@ class Assisted(Method):
 class DominoMethod(Method):
     """One Domino checkpoint, five ways: `domino` as shipped (head on, context lookup at the draft's default),
     `domino_no_lookup` (the Domino block alone), `dflash` (head off, no lookup: plain DFlash drafting),
-    `domino_tree` (`domino` verifying a draft tree per step: `use_draft_tree=True` per call; greedy single prompts
-    only, sampling keeps the chain, and batches are n/a in `batched.py`) and `domino_cache` (`domino` that also
+    `domino_tree` (`domino` verifying a draft tree per step: `use_draft_tree=True` per call; single prompts only:
+    batches are n/a in `batched.py`) and `domino_cache` (`domino` that also
     drafts from a cross-request `SuffixCache` of its own, passed per call as `suffix_cache=` and emptied by `reset`).
 
     The two draft-only methods measure the draft as the field does: it drafts every step (`draft_backoff=False`),

@@ -79,7 +79,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
         suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations each row reads spans from.
         profile (`bool`, defaults to `False`): time the step's phases into `stats.timings` (`_clock`).
-        tree ([`TreeShape`], *optional*): a single greedy row verifies a draft tree of this shape each step
+        tree ([`TreeShape`], *optional*): a single row verifies a draft tree of this shape each step
             (`tree_domino.py`) instead of a chain.
         cache_argument (`str`, defaults to `"cache"`): the keyword the target's forward takes its cache by on the
             running transformers (the dispatch's `CACHE_ARGUMENT`).

@@ -363,11 +363,12 @@ class DraftingSettings:
         suffix_cache_size (`int`, defaults to 1,000,000): capacity in tokens of the draft's own suffix cache
             (about 29 bytes a token, allocated when first used), the oldest tokens evicted first; read when that
             cache is created.
-        use_draft_tree (`bool`, defaults to `False`): greedy decoding of a single prompt verifies a draft tree each
-            step (the block's likeliest branches, grown by the Domino head, and the context span as one more
-            branch; as many nodes as pay for the longer verify) instead of one chain, in domino-hf's verify loop
-            (`tree_domino.py`). Sampling, and calls asking for per-step scores, logits, attentions or hidden
-            states, verify the chain. `False` = the chain, exactly as without the setting.
+        use_draft_tree (`bool`, defaults to `False`): decoding a single prompt verifies a draft tree each step
+            (the block's likeliest branches, grown by the Domino head, and the context span as one more branch; as
+            many nodes as pay for the longer verify) instead of one chain, in domino-hf's verify loop
+            (`tree_domino.py`); greedy by the target's choice at each node, sampling by recursive rejection over
+            siblings. Batches, and calls asking for per-step scores, logits, attentions or hidden states, verify
+            the chain. `False` = the chain, exactly as without the setting.
 
     A bad value raises a [`DominoConfigError`] naming the setting and its allowed range.
     """

@@ -241,7 +241,7 @@ def decode_batch(draft, target, arguments: dict):
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
                                  arguments.get("stopping_criteria"), settings, stats, suffix_cache=suffix_cache,
                                  profile=_PROFILE.get(),
-                                 tree=TreeShape() if settings.use_draft_tree and not config.do_sample else None,
+                                 tree=TreeShape() if settings.use_draft_tree else None,
                                  cache_argument=CACHE_ARGUMENT)
     draft.last_generation_stats = stats
     streamer = arguments.get("streamer")  # `generate` has already put the prompt
@@ -256,10 +256,9 @@ _PER_STEP_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "out
 
 
 def _verifies_tree(draft, target, config) -> bool:
-    """Whether a single-prompt call verifies draft trees (`use_draft_tree`): greedy, with no per-step outputs, on a
-    target whose attention takes a tree mask (else the chain, said once per attention implementation)."""
-    if config.do_sample or (config.return_dict_in_generate and any(getattr(config, name, False)
-                                                                    for name in _PER_STEP_OUTPUTS)):
+    """Whether a single-prompt call verifies draft trees (`use_draft_tree`): greedy or sampling, with no per-step
+    outputs, on a target whose attention takes a tree mask (else the chain, said once per attention implementation)."""
+    if config.return_dict_in_generate and any(getattr(config, name, False) for name in _PER_STEP_OUTPUTS):
         return False
     if not resolve_drafting_settings(draft, config).use_draft_tree:
         return False

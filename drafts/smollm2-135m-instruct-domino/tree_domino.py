@@ -15,8 +15,9 @@ correction), which costs microseconds. So a branch at slot j needs only the head
 The target verifies the tree in one forward: every node attends to the cache, the anchor and its own ancestors
 (`tree_mask`), at position anchor + depth. Greedy acceptance walks from the anchor to the child holding the target's
 choice, as long as there is one (`accept_path`); the bonus token is the target's choice at the last accepted node.
-A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the draft's distributions and
-the spans' histories only; they serve greedy decoding (sampling verifies the chain).
+Sampling walks the tree by recursive rejection over siblings (`sample_path`), exact for any tree whose shape was fixed
+before the target answered. A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the
+draft's distributions and the spans' histories only: never from a drawn token.
 """
 
 from __future__ import annotations
@@ -191,6 +192,29 @@ def accept_path(tree: DraftTree, choice: list[int]) -> list[int]:
         node = nxt
 
 
+def sample_path(tree: DraftTree, probs: torch.Tensor) -> tuple[list[int], int]:
+    """Multi-branch speculative sampling (SpecInfer's recursive rejection, for candidates chosen without drawing):
+    `probs` (1 + N, V) is the target's distribution after the anchor and after each node. At a node, each child in
+    turn is accepted with its probability under what is left of the distribution, else its token is removed from
+    it; the first accepted child is entered. Where none is, the bonus token is drawn from what is left. Every
+    emitted token is thereby distributed exactly as the target's. Returns the accepted nodes and the bonus token."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(tree.parents.tolist()):
+        children.setdefault(parent, []).append(i)
+    path, node = [], -1
+    while True:
+        p = probs[node + 1].clone()  # (V,) unnormalised: the target's, less the children rejected so far
+        for child in children.get(node, []):
+            token = int(tree.tokens[child])
+            if float(torch.rand(())) * float(p.sum()) < float(p[token]):
+                break
+            p[token] = 0.0
+        else:
+            return path, int(torch.multinomial(p, 1))
+        path.append(child)
+        node = child
+
+
 class TreeShape(NamedTuple):
     """How wide a draft tree grows: each node's `top_k` most likely tokens are candidates, and at each depth the
     `width` candidates with the highest path probability are kept (and expanded further)."""
@@ -200,7 +224,7 @@ class TreeShape(NamedTuple):
 
 
 class TreeSteps:
-    """The draft-tree step of the batched verify loop (`DominoBatchDecoder`, one greedy row): build the tree, add the
+    """The draft-tree step of the batched verify loop (`DominoBatchDecoder`, one row): build the tree, add the
     row's best span as a branch, keep the nodes that pay, verify them in one forward, keep the accepted path. While
     a span is being copied, or spans like it lately expect over a token more than the draft's accepted depth, the
     span goes out alone without running the draft (`SourceChooser.span_first`, as the chain decides)."""
@@ -239,14 +263,19 @@ class TreeSteps:
         began = time.perf_counter()
         out = self._forward(step_ids, verify_mask(states, 1 + count, block=block), 1 + count, keep=1 + count,
                             block=block)
-        choice = self._tree_choice(out.logits[0].float(), tree).tolist()  # the target's token after each node
+        processed = self._tree_logits(out.logits[0].float(), tree)  # (1 + N, V) after the anchor and each node
+        if self.do_sample:
+            path, bonus = sample_path(tree, processed.softmax(dim=-1))
+        else:
+            choice = processed.argmax(dim=-1).tolist()  # the target's token after the anchor and each node
+            path = accept_path(tree, choice)
+            bonus = choice[path[-1] + 1 if path else 0]
         policy.cost.observe(1 + count, time.perf_counter() - began)
         lap("verify")
-        path = accept_path(tree, choice)
         kept = torch.tensor([0] + [node + 1 for node in path])  # verify slots of the anchor and the accepted path
         states.compact(kept[1:])
         states.advance(torch.tensor([len(kept)]))
-        new = tree.tokens[path].tolist() + [choice[kept[-1]]]
+        new = tree.tokens[path].tolist() + [bonus]
         if span is not None:
             chooser.span_model(span).observe(span.tokens, new)
             chooser.copying = new[: len(span.tokens)] == span.tokens  # the whole span accepted: keep copying
@@ -265,17 +294,17 @@ class TreeSteps:
             record.record(count, self.generated[row] - before - 1, source, drafted)
         self._lap = lap
 
-    def _tree_choice(self, logits, tree: DraftTree) -> torch.Tensor:
-        """(1 + N,) the target's greedy token after the anchor and after each node, its processors applied with
-        the node's own path as the sequence."""
+    def _tree_logits(self, logits, tree: DraftTree) -> torch.Tensor:
+        """(1 + N, V) the target's logits after the anchor and after each node, its processors (and warpers, when
+        sampling) applied with the node's own path as the sequence."""
         if not self.processors:
-            return logits.argmax(dim=-1)
+            return logits
         if self.row_free:
-            return self._process(logits, None).argmax(dim=-1)
-        paths, choices = {-1: []}, []
+            return self._process(logits, None)
+        paths, rows = {-1: []}, []
         for i, parent in enumerate(tree.parents.tolist()):
             paths[i] = paths[parent] + [int(tree.tokens[i])]
         for node in range(-1, tree.size):
             extra = torch.tensor([paths[node]], dtype=torch.long) if paths[node] else None
-            choices.append(int(self._process(logits[node + 1 : node + 2], extra).argmax()))
-        return torch.tensor(choices)
+            rows.append(self._process(logits[node + 1 : node + 2], extra))
+        return torch.cat(rows)
