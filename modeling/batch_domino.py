@@ -33,9 +33,9 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
-from .batch_policy_domino import BatchPolicy
+from .batch_policy_domino import BatchPolicy, shared_cost
 from .generation_domino import lap_timer
-from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
+from .hybrid_domino import ContextLookup, Span, SuffixLookup, store_history
 from .ragged_domino import (
     RaggedCache,
     RaggedContextCache,
@@ -157,7 +157,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.streamer = streamer
         self.stats.per_row = [type(self.stats)() for _ in range(batch)]
         self.rows = torch.arange(batch, device=device)  # live row -> original row
-        cost = VerifyCost.for_device(self.target.device, measure=True)
+        cost = shared_cost(self.target, width)  # measured by earlier calls at this context length, kept measuring
         self.policy = BatchPolicy(batch, max_span, cost, self.settings.draft_backoff, store_history(self.suffix_cache))
         self.cache = RaggedCache(start, capacity)
         self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)

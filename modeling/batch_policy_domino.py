@@ -14,11 +14,28 @@ spans' histories and past timings: never from a token drawn for the step, so sam
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
 
 from .hybrid_domino import SourceChooser, VerifyCost
+
+
+_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {context bucket: VerifyCost}
+
+
+def shared_cost(target, context: int) -> VerifyCost:
+    """The measuring verify cost of `target` for a call whose prompts reach `context` tokens: one per target and
+    context bucket (under 512 tokens, under 1,024, under 2,048, …), kept across calls, so a call starts from the
+    curve earlier calls measured on this machine instead of the fixed prior (a short call never measures enough to
+    learn it) and a long prompt from the costs of long prompts. Its moving averages follow the machine as it goes."""
+    bucket = max(int(context), 0) // 512
+    costs = _COSTS.setdefault(target, {})
+    key = (str(target.device), bucket.bit_length())
+    if key not in costs:
+        costs[key] = VerifyCost.for_device(target.device, measure=True)
+    return costs[key]
 
 
 class BatchBackoff:

@@ -126,6 +126,29 @@ def test_never_right_rows_beside_always_right(fitted, flat_cost):
     assert per_row[0].num_steps < per_row[1].num_steps
 
 
+def test_verify_cost_is_kept_across_calls(fitted, monkeypatch):
+    """The measured verify cost outlives the call: the next call at a similar context length starts from it (not
+    from the fixed prior), a much longer context from a curve of its own."""
+    from domino_hf.modeling.batch_policy_domino import shared_cost
+
+    target, draft, prompts = fitted("qwen3")
+    seen = []
+    original = BatchPolicy.__init__
+
+    def capture(self, batch, max_span, cost, *args, **kwargs):
+        seen.append((cost, cost.seconds(4)))
+        original(self, batch, max_span, cost, *args, **kwargs)
+
+    monkeypatch.setattr(BatchPolicy, "__init__", capture)
+    ids, mask = left_pad([prompts[2][0], prompts[3][0, :4]])
+    for _ in range(2):
+        target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, assistant_model=draft)
+    (first, _), (second, measured) = seen[-2:]
+    assert second is first and measured is not None and measured > 0
+    assert shared_cost(target, ids.shape[1]) is first
+    assert shared_cost(target, 4000) is not first
+
+
 def test_batch_of_one_keeps_the_single_sequence_path(fitted):
     target, draft, prompts = fitted("llama")
     target.generate(prompts[0], do_sample=False, max_new_tokens=8, assistant_model=draft)
