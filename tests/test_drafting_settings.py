@@ -8,6 +8,7 @@ import itertools
 import json
 import logging
 import shutil
+import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,7 +18,7 @@ from transformers import GenerationConfig
 
 import domino_hf.modeling as modeling
 from domino_hf import DominoConfigError, DominoDraftModel
-from domino_hf.modeling import DraftingSettings, batch_domino, generation_domino, tree_domino
+from domino_hf.modeling import DraftingSettings, batch_domino, batch_policy_domino, generation_domino, tree_domino
 from domino_hf.modeling.configuration_domino import DRAFTING_FIELDS, DominoConfig
 from domino_hf.modeling.dispatch_domino import make_candidate_generator, profile_drafting, resolve_drafting_settings
 
@@ -79,7 +80,7 @@ def _layouts(tmp_path, draft, settings):
 
 @pytest.mark.parametrize("settings", [{name: value} for name, value in NON_DEFAULT.items()] + [NON_DEFAULT],
                          ids=[*NON_DEFAULT, "all"])
-def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clock, caplog, settings):
+def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clock, caplog, settings, monkeypatch):
     target, draft, prompts = fitted_pair("llama")
     new, old = _layouts(tmp_path, shipped(draft), settings)
     assert not set(DRAFTING_FIELDS) & set(json.loads((new / "config.json").read_text()))
@@ -97,6 +98,8 @@ def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clo
         reference = target.generate(ids, do_sample=False, max_new_tokens=24)
         runs = {}
         for name, loaded in drafts.items():
+            # each call from the prior: the verify loop keeps measured costs across calls (`shared_cost`)
+            monkeypatch.setattr(batch_policy_domino, "_COSTS", weakref.WeakKeyDictionary())
             output = target.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=loaded)
             assert output.tolist() == reference.tolist(), name
             stats = loaded.last_generation_stats
