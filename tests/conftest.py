@@ -230,6 +230,18 @@ def fitted_pair():
     return get
 
 
+@pytest.fixture(scope="module")
+def sampling_pair():
+    """`test_sampling`'s one-layer target over its small vocabulary, and a draft fitted to its greedy continuations
+    of `PROMPT` and five more prompts: small enough for the exact distribution of a sampled continuation."""
+    from test_sampling import PROMPT, VOCAB, make_sampling_target
+
+    target = make_sampling_target()
+    draft = make_tiny_draft(target, gru_hidden_dim=16, correction_rank=8)
+    fit_tiny_draft(draft, target, [PROMPT] + tiny_prompts(5, vocab_size=VOCAB, length=PROMPT.shape[1]))
+    return target, draft
+
+
 def write_published_checkpoint(folder, draft, projector_type="domino", dtype="bfloat16"):
     """Save `draft` (Qwen3-style layers) in the dialect of the published Domino / z-lab DFlash checkpoints:
     `DFlashDraftModel` architecture, `model_type: qwen3`, a nested `dflash_config`, plain weight names.

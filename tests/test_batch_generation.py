@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import TINY_ARCHS, fit_tiny_draft, make_tiny_draft, make_tiny_target, tiny_prompts
-from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, make_sampling_target, peaked_draft
+from test_sampling import PROMPT, chi_square_pvalue, exact_distribution, peaked_draft
 from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 
 from domino_hf.modeling.batch_domino import DominoBatchDecoder
@@ -256,14 +256,6 @@ def sample_rows(target, draft, n, seed, **kwargs):
         accepted += sum(draft.last_generation_stats.accepted)
         drafted += sum(draft.last_generation_stats.drafted)
     return counts, drafted, accepted
-
-
-@pytest.fixture(scope="module")
-def sampling_pair():
-    target = make_sampling_target()
-    draft = make_tiny_draft(target, gru_hidden_dim=16, correction_rank=8)
-    fit_tiny_draft(draft, target, [PROMPT] + tiny_prompts(5, vocab_size=VOCAB, length=PROMPT.shape[1]))
-    return target, draft
 
 
 def test_sampling_each_row_is_exact(sampling_pair, flat_cost):

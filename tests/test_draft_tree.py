@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, fit_tiny_draft, make_tiny_draft, tiny_prompts
-from test_sampling import PROMPT, VOCAB, chi_square_pvalue, exact_distribution, make_sampling_target
+from conftest import TINY_ARCHS, tiny_prompts
+from test_sampling import NEW_TOKENS, PROMPT, chi_square_pvalue, exact_distribution
 from transformers import (
     LogitsProcessorList,
     StoppingCriteria,
@@ -178,9 +178,6 @@ def test_sample_path_is_the_targets_distribution():
     assert torch.allclose(first / first.sum(), probs[0], atol=0.025)
 
 
-NEW = 4
-
-
 def sample_tree(target, draft, n, seed, **kwargs):
     """Counts of PROMPT's continuations over `n` sampled calls with draft trees; the calls that verified more nodes
     in a step than a chain holds; tokens accepted."""
@@ -189,22 +186,14 @@ def sample_tree(target, draft, n, seed, **kwargs):
     torch.manual_seed(seed)
     counts, nodes, accepted = Counter(), 0, 0
     for _ in range(n):
-        out = target.generate(PROMPT, do_sample=True, max_new_tokens=NEW, assistant_model=draft, use_draft_tree=True,
-                              **kwargs)
+        out = target.generate(PROMPT, do_sample=True, max_new_tokens=NEW_TOKENS, assistant_model=draft,
+                              use_draft_tree=True, **kwargs)
         counts[tuple(out[0, PROMPT.shape[1] :].tolist())] += 1
         stats = draft.last_generation_stats
         assert hasattr(stats, "per_row")  # the tree loop, not transformers' chain
         nodes += max(stats.drafted) > draft.config.num_draft_tokens
         accepted += sum(stats.accepted)
     return counts, nodes, accepted
-
-
-@pytest.fixture(scope="module")
-def sampling_pair():
-    target = make_sampling_target()
-    draft = make_tiny_draft(target, gru_hidden_dim=16, correction_rank=8)
-    fit_tiny_draft(draft, target, [PROMPT] + tiny_prompts(5, vocab_size=VOCAB, length=PROMPT.shape[1]))
-    return target, draft
 
 
 @pytest.mark.parametrize("warpers", [{}, {"temperature": 0.7, "top_k": 4}])
