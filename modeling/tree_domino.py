@@ -301,10 +301,7 @@ class TreeSteps:
             return logits
         if self.row_free:
             return self._process(logits, None)
-        paths, rows = {-1: []}, []
-        for i, parent in enumerate(tree.parents.tolist()):
-            paths[i] = paths[parent] + [int(tree.tokens[i])]
-        for node in range(-1, tree.size):
-            extra = torch.tensor([paths[node]], dtype=torch.long) if paths[node] else None
-            rows.append(self._process(logits[node + 1 : node + 2], extra))
+        rows = [self._process(logits[:1], None)]  # after the anchor: the sequence as it is
+        for node, path in enumerate(path_keys(tree)):
+            rows.append(self._process(logits[node + 1 : node + 2], torch.tensor([path], dtype=torch.long)))
         return torch.cat(rows)

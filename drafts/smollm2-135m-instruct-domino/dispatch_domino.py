@@ -511,7 +511,7 @@ def install_generate_hook() -> None:
             draft, config = bound["assistant_model"], bound["generation_config"]
             if bound["input_ids"].shape[0] > 1 or _verifies_tree(draft, self, config):
                 # a batch, or a draft tree: the Domino verify loop, not transformers' (a chain, batch 1 only)
-                return _batch_decoder(bound["assistant_model"], self, bound)
+                return _batch_decoder(draft, self, bound)
         token = _STOPPING_CRITERIA.set(bound.get("stopping_criteria"))
         built = []
         generators = _GENERATORS.set(built)
