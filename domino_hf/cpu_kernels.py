@@ -1,27 +1,27 @@
-"""Cheap, exact CPU inference kernels for any 🤗 model: every `nn.Linear` on weights pre-packed for oneDNN.
+"""Cheap, exact CPU inference kernels for any 🤗 model: every `nn.Linear` on the fastest GEMM for each forward length.
 
 Why: speculative decoding pays one target forward over k+1 tokens per step. With stock fp32 kernels
 (`nn.Linear` → MKL sgemm) a forward over 2–16 tokens costs 1.3–1.6× a 1-token forward on these CPUs, which
-eats most of what a draft saves. The same GEMMs on oneDNN with the weights reordered once into its blocked
-layout cost about the same for 1 to 8 rows (docs/cpu_kernels.md). Which kernel wins for a 1-token step
-depends on the CPU and on the forward's length, so each layer shape keeps the stock kernel for the forward
-lengths where it measured faster on this one (`calibrate_stock_rows`).
+eats most of what a draft saves. The same GEMMs on weights reordered once into a packed layout (oneDNN's, or
+MKL's packed GEMM) cost much less above a few rows (docs/cpu_kernels.md). Which kernel wins depends on the CPU,
+the layer shape and the forward's length, so each layer runs, for each length, the kernel that measured
+fastest for its shape on this machine (`calibrate_kernels`).
 
 Contract of `optimize_for_cpu(model)`:
 
 * In place, returns the model; idempotent (a second call repacks nothing). Opt-in, for inference.
-* Every plain `nn.Linear` on the CPU in float32 or bfloat16 gets a packed copy of its weight (the LM head
-  included; a tied input embedding keeps using the original tensor). Subclasses of `nn.Linear` (quantised
+* Every plain `nn.Linear` on the CPU in float32 or bfloat16 runs on its kernel table (the LM head included; a
+  tied input embedding keeps using the original tensor). Subclasses of `nn.Linear` (quantised
   layers, LoRA wrappers, …) and other dtypes are left alone and counted in one log line, and so are bfloat16
   layers on a CPU where oneDNN has no bf16 path (AVX2-only machines: it needs AVX-512 or AVX-NE-CONVERT).
 * The parameters are untouched, so `state_dict`/`save_pretrained` write exactly what they wrote before: the
-  packed copy is a plain attribute, never a buffer.
-* Always correct, never stale: the packed copy is used only when no gradient is needed and the weight is
+  packed copies are a plain attribute, never a buffer.
+* Always correct, never stale: a packed copy is used only when no gradient is needed and the weight is
   still the tensor (same version, dtype and device) it was packed from; otherwise the stock `F.linear` runs,
-  and the next inference call repacks. Training an optimized model therefore trains the real weights;
+  or the call repacks. Training an optimized model therefore trains the real weights;
   `domino train` still undoes the optimisation first (`restore_stock_kernels`) to free the copies.
 * On a model that is not on the CPU it does nothing and warns once.
-* Memory: one packed copy per weight (+ the model's Linear weights in resident memory, measured in the docs).
+* Memory: one packed copy of a weight per packed kernel its table uses (none where stock wins everywhere).
 * Attention and KV cache, for a model that generates (the target): attention on "sdpa" switches to
   `cpu_attention.ATTENTION_NAME` (grouped-query heads inside the call: no copy of the cache per verify), and
   `generate` decodes on a `kv_cache.GrowingCache` (appends in place instead of `torch.cat`). Both through
@@ -36,7 +36,6 @@ speculative decoding stays exactly lossless against plain decoding *on the same 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import statistics
 import time
@@ -52,137 +51,185 @@ from .kv_cache import GrowingCacheGenerate, use_default_cache, use_growing_cache
 logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
-# Forward lengths (rows: tokens × batch rows) at which the two kernels are timed: plain steps (1 token a row),
+# The kernels a layer can run, by id in `PackedLinear.kernel_table`.
+STOCK, ONEDNN, MKL = 0, 1, 2
+KERNEL_NAMES = ("stock MKL", "packed oneDNN", "packed MKL")
+# Forward lengths (rows: tokens × batch rows) at which the kernels are timed: plain steps (1 token a row),
 # verifies at batch size 1 (a few tokens) and batches of verifies (B × q). A length between two of them takes
-# the choice of the lower one; longer forwards always run packed.
+# the choice of the lower one; longer forwards (prefill) take the longest one's.
 ROW_CANDIDATES = (1, 2, 3, 4, 5, 6, 8, 12, 16)
-COLD_BYTES = 64 * 2**20  # timed weights span more than a CPU cache
-STOCK_MARGIN = 0.9  # packed kernels take a forward length only when ≥ 10% faster there: close calls stay stock
+STOCK_MARGIN = 0.9  # a packed kernel takes a plain step's length only when ≥ 10% faster: close calls stay stock
+PLAIN_ROWS = 2  # forward lengths of plain decoding at batch sizes 1 and 2
+MKL_PACKED_ROWS = 64
+TIMED_BYTES = 2**30  # the calibration streams at most this much of a model's weights (each kernel's copy)
+TIMING_ROUNDS = 3
 _warned_devices: set[str] = set()
-_dtype_support: dict[torch.dtype, bool] = {}
-_stock_rows: dict[tuple, tuple[int, ...]] = {}  # (out, in, dtype, threads) -> calibrated stock lengths
+_dtype_support: dict[tuple[int, torch.dtype], bool] = {}
+# (out, in, dtype, threads) -> {rows: kernel} for ROW_CANDIDATES, measured once per process
+_kernel_choices: dict[tuple, dict[int, int]] = {}
 
 
-def packable(dtype: torch.dtype) -> bool:
-    """Whether oneDNN packs weights of `dtype` on this CPU: asked once, by packing a tiny weight (its bf16 path
-    refuses CPUs without AVX-512 or AVX-NE-CONVERT)."""
-    if dtype not in PACKABLE_DTYPES:
+def _pack(kernel: int, weight: torch.Tensor) -> torch.Tensor:
+    if kernel == MKL:
+        # MKL picks the packed layout for the rows given here; any row count can use it, and a layout for 64 rows
+        # was the fastest from 1 to 16 rows on an AMX Xeon (a 1-row layout is 1.3-1.6x slower from 2 rows)
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACKED_ROWS)
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def packable(dtype: torch.dtype, kernel: int = ONEDNN) -> bool:
+    """Whether `kernel` (ONEDNN or MKL) packs weights of `dtype` on this CPU and torch build: asked once, by
+    packing a tiny weight (oneDNN's bf16 path refuses CPUs without AVX-512 or AVX-NE-CONVERT; MKL's packed GEMM
+    is float32 only, on x86 builds)."""
+    if dtype not in PACKABLE_DTYPES or (kernel == MKL and dtype != torch.float32):
         return False
-    if dtype not in _dtype_support:
+    if (kernel, dtype) not in _dtype_support:
         try:
-            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), None)
-            _dtype_support[dtype] = True
-        except (RuntimeError, AttributeError):  # also a torch build without these oneDNN ops: stock kernels
-            _dtype_support[dtype] = False
-    return _dtype_support[dtype]
+            _pack(kernel, torch.zeros(16, 16, dtype=dtype))
+            _dtype_support[kernel, dtype] = True
+        except (RuntimeError, AttributeError, NotImplementedError):  # a build without these ops: stock kernels
+            _dtype_support[kernel, dtype] = False
+    return _dtype_support[kernel, dtype]
 
 
-def _median_seconds(run, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def choose_kernel(seconds: dict[int, float], rows: int) -> int:
+    """The kernel for one layer shape at a forward of `rows` rows, from its measured time per kernel: the
+    fastest; at plain decoding lengths (`PLAIN_ROWS`) only if it beats the stock kernel by `STOCK_MARGIN`.
 
-
-def calibrate_stock_rows(weight: torch.Tensor, bias: torch.Tensor | None = None) -> tuple[int, ...]:
-    """The forward lengths (rows, from `ROW_CANDIDATES`) at which the stock kernel stays on this CPU for a
-    weight of this shape and dtype, at the current thread count: the packed kernel takes a length where it is
-    faster by `STOCK_MARGIN`. Timed once per process and shape (interleaved medians, about a second for
-    SmolLM2's LM head, well under for the other layers).
-
-    Close calls go to stock because 1-2-row forwards are plain decoding steps, which stock transformers runs
+    Close calls at 1-2 rows go to stock because those are plain decoding steps, which stock transformers runs
     on stock kernels: with the margin the other way, timing noise on a busy machine left a third of SmolLM2's
-    layers packed at 1 row in one run, and plain decoding on "optimized" kernels 15% slower than stock.
-
-    Why per length: which GEMM wins depends on the CPU and on the rows. On the AVX-512 machines of
-    docs/cpu_kernels.md the packed kernels won from 1 row; on an AMX machine MKL is faster for every layer of
-    SmolLM2 up to 3 or 4 rows and for some at 5 and more, while packed wins from 2 rows for the LM head."""
-    key = (*weight.shape, weight.dtype, torch.get_num_threads())
-    if key not in _stock_rows:
-        # A decoding step reads each weight from memory, not from cache: time on enough copies to flush it.
-        copies = max(1, min(64, COLD_BYTES // max(1, weight.numel() * weight.element_size())))
-        stock_rows = []
-        with torch.no_grad():
-            weights = [weight.detach().clone() for _ in range(copies)]
-            packed_weights = [torch.ops.mkldnn._reorder_linear_weight(w, None) for w in weights]
-            for rows in ROW_CANDIDATES:
-                x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
-                stock_cycle, packed_cycle = itertools.cycle(weights), itertools.cycle(packed_weights)
-
-                def stock(x=x, cycle=stock_cycle):
-                    return F.linear(x, next(cycle), bias)
-
-                def packed(x=x, cycle=packed_cycle):
-                    return torch.ops.mkldnn._linear_pointwise(x, next(cycle), bias, "none", [], "")
-
-                stock(), packed()  # warm-up
-                one = _median_seconds(stock, 3) + _median_seconds(packed, 3)
-                repeats = max(3, min(25, int(0.02 / max(one, 1e-7))))  # ~40 ms per row count at most
-                stock_s, packed_s = [], []
-                for _ in range(3):  # interleaved rounds: a drift of a shared machine hits both
-                    stock_s.append(_median_seconds(stock, repeats))
-                    packed_s.append(_median_seconds(packed, repeats))
-                if statistics.median(packed_s) >= STOCK_MARGIN * statistics.median(stock_s):
-                    stock_rows.append(rows)
-        _stock_rows[key] = tuple(stock_rows)
-    return _stock_rows[key]
+    layers packed at 1 row in one run, and plain decoding on "optimized" kernels 15% slower than stock."""
+    fastest = min(seconds, key=seconds.get)
+    margin = STOCK_MARGIN if rows <= PLAIN_ROWS else 1.0
+    return fastest if seconds[fastest] < margin * seconds[STOCK] else STOCK
 
 
-def stock_table(stock_rows: int | tuple[int, ...]) -> tuple[bool, ...]:
-    """Whether a forward of r rows (index r, up to the longest of `ROW_CANDIDATES`) runs the stock kernel:
-    from calibrated lengths (a length between two candidates takes the lower one's choice), or from an int n
-    (stock up to n rows)."""
-    if isinstance(stock_rows, int):
-        return tuple(0 < rows <= stock_rows for rows in range(max(stock_rows, ROW_CANDIDATES[-1]) + 1))
-    table = [False]
+def kernel_table(choices: int | dict[int, int]) -> tuple[int, ...]:
+    """The kernel of a forward of r rows (index r, up to the longest of `ROW_CANDIDATES`): from calibrated
+    choices `{rows: kernel}` (a length between two candidates takes the lower one's choice, longer forwards
+    the longest one's), or from an int n (stock up to n rows, packed oneDNN beyond)."""
+    if isinstance(choices, int):
+        return tuple(STOCK if rows <= choices else ONEDNN for rows in range(max(choices, ROW_CANDIDATES[-1]) + 1))
+    table = [STOCK]
     for rows in range(1, ROW_CANDIDATES[-1] + 1):
-        table.append(rows in stock_rows if rows in ROW_CANDIDATES else table[-1])
+        table.append(choices[rows] if rows in choices else table[-1])
     return tuple(table)
 
 
+def _layer_key(layer: nn.Linear) -> tuple:
+    return (*layer.weight.shape, layer.weight.dtype, torch.get_num_threads())
+
+
 def _weight_key(weight: torch.Tensor) -> tuple:
-    """What the packed copy was made from: the tensor's storage, in-place version, dtype and device."""
+    """What a packed copy was made from: the tensor's storage, in-place version, dtype and device."""
     return (weight.data_ptr(), weight._version, weight.dtype, weight.device)
 
 
 class PackedLinear(nn.Linear):
-    """`nn.Linear` whose inference forward runs oneDNN on a pre-packed copy of the weight.
+    """`nn.Linear` whose inference forward runs, for each forward length, the kernel that measured fastest
+    for its shape on this CPU: stock MKL, oneDNN or MKL's packed GEMM on a pre-packed copy of the weight.
 
     Installed by swapping the class of an existing `nn.Linear` (no new parameters, same state dict); the
-    stock forward runs whenever a gradient is needed, and for inputs of the lengths (rows: tokens × batch)
-    where the stock kernel is the faster one on this CPU (`calibrate_stock_rows`, `stock_table`).
+    stock forward runs whenever a gradient is needed. Packed copies are made on first use of their kernel.
     """
 
-    _packed_weight: torch.Tensor | None
-    _packed_key: tuple | None
-    stock_table: tuple[bool, ...] = ()  # stock_table[r]: a forward of r rows runs the stock kernel
+    _packed: dict[int, tuple[tuple, torch.Tensor]]  # kernel -> (weight key it was packed from, packed copy)
+    kernel_table: tuple[int, ...] = ()  # kernel_table[r]: the kernel of a forward of r rows
 
-    def repack(self) -> None:
-        weight = self.weight.detach()
-        self._packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self._packed_key = _weight_key(self.weight)
+    def packed_weight(self, kernel: int) -> torch.Tensor:
+        """The weight packed for `kernel`, repacked if the weight changed since (never stale)."""
+        key = _weight_key(self.weight)
+        entry = self._packed.get(kernel)
+        if entry is None or entry[0] != key:
+            entry = self._packed[kernel] = (key, _pack(kernel, self.weight.detach()))
+        return entry[1]
 
-    def _can_use_packed(self, x: torch.Tensor) -> bool:
+    def run_kernel(self, x: torch.Tensor, kernel: int, rows: int) -> torch.Tensor:
         weight = self.weight
-        if weight.device.type != "cpu" or not packable(weight.dtype) or x.dtype != weight.dtype:
-            return False
-        return not (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad))
+        if kernel == STOCK or weight.device.type != "cpu" or x.dtype != weight.dtype or not packable(
+                weight.dtype, kernel) or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
+            return F.linear(x, weight, self.bias)
+        if kernel == MKL:  # packed MKL GEMM; its last argument is the rows the call computes
+            return torch.ops.mkl._mkl_linear(x, self.packed_weight(MKL), weight, self.bias, rows)
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(ONEDNN), self.bias, "none", [], "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // max(1, x.shape[-1])
-        if (rows < len(self.stock_table) and self.stock_table[rows]) or not self._can_use_packed(x):
-            return F.linear(x, self.weight, self.bias)
-        if self._packed_key != _weight_key(self.weight):
-            self.repack()
-        return torch.ops.mkldnn._linear_pointwise(x, self._packed_weight, self.bias, "none", [], "")
+        table = self.kernel_table
+        return self.run_kernel(x, table[min(rows, len(table) - 1)] if table else STOCK, rows)
+
+    def keep_used_copies(self) -> None:
+        """Free the packed copies of kernels the table no longer uses."""
+        for kernel in set(self._packed) - set(self.kernel_table):
+            del self._packed[kernel]
 
     def __getstate__(self):
-        # oneDNN tensors cannot be copied or pickled: a deep copy / unpickled module repacks on first use.
+        # packed tensors cannot be copied or pickled: a deep copy / unpickled module repacks on first use.
         state = self.__dict__.copy()
-        state["_packed_weight"], state["_packed_key"] = None, None
+        state["_packed"] = {}
         return state
+
+
+def _timed_prefix(layers: list[PackedLinear]) -> list[PackedLinear]:
+    """The layers the calibration times: in forward order, up to `TIMED_BYTES` of weights, then one layer of
+    each shape not met by then (so a large model is timed on a bounded copy; a decoding step reads its weights
+    from memory, and streaming this many of them in order does the same)."""
+    timed, seen, total = [], set(), 0
+    for layer in layers:
+        key = _layer_key(layer)
+        size = layer.weight.numel() * layer.weight.element_size()
+        if total + size <= TIMED_BYTES or key not in seen:
+            timed.append(layer)
+            seen.add(key)
+            total += size
+    return timed
+
+
+def calibrate_kernels(layers: list[PackedLinear]) -> None:
+    """Measure, for each layer shape (and dtype, thread count) not measured yet in this process, which kernel
+    is the fastest at each of `ROW_CANDIDATES` rows (`choose_kernel`), into `_kernel_choices`.
+
+    Timed in the model's own forward order, all layers at one length on one kernel in a pass, so each weight is
+    read as a decoding step reads it (from memory on a model larger than the CPU's cache, from cache on a tiny
+    one); the passes of the kernels alternate and each shape's time is the median over `TIMING_ROUNDS` rounds.
+    About 3 s for SmolLM2-135M.
+
+    Why per length: which GEMM wins depends on the CPU and on the rows. On AVX-512 machines the packed oneDNN
+    kernels won from 1 row; on an AMX machine stock MKL is faster for SmolLM2's layers up to 3 rows, MKL's packed
+    GEMM from 4, and oneDNN for the LM head from 4 (docs/cpu_kernels.md)."""
+    todo = [layer for layer in layers if _layer_key(layer) not in _kernel_choices]
+    if not todo:
+        return
+    timed = _timed_prefix(todo)
+    kernels = {key: [k for k in (STOCK, ONEDNN, MKL) if k == STOCK or packable(key[2], k)]
+               for key in map(_layer_key, timed)}
+    choices: dict[tuple, dict[int, int]] = {key: {} for key in kernels}
+    with torch.no_grad():
+        for rows in ROW_CANDIDATES:
+            inputs = {key: torch.randn(rows, key[1], dtype=key[2]) for key in kernels}
+
+            def one_pass(kernel: int) -> dict[tuple, float]:
+                seconds = dict.fromkeys(kernels, 0.0)
+                for layer in timed:
+                    key = _layer_key(layer)
+                    if kernel in kernels[key]:
+                        start = time.perf_counter()
+                        layer.run_kernel(inputs[key], kernel, rows)
+                        seconds[key] += time.perf_counter() - start
+                return seconds
+
+            warm = sum(sum(one_pass(kernel).values()) for kernel in (STOCK, ONEDNN, MKL))  # packs, warms up
+            repeats = max(1, min(25, int(0.01 / max(warm, 1e-7))))  # tiny models: several passes a sample
+            samples: dict[tuple, dict[int, list[float]]] = {key: {k: [] for k in kernels[key]} for key in kernels}
+            for _ in range(TIMING_ROUNDS):
+                for kernel in (STOCK, ONEDNN, MKL):
+                    passes = [one_pass(kernel) for _ in range(repeats)]
+                    for key in kernels:
+                        if kernel in kernels[key]:
+                            samples[key][kernel].append(statistics.median(p[key] for p in passes))
+            for key in kernels:
+                choices[key][rows] = choose_kernel({k: statistics.median(s) for k, s in samples[key].items()}, rows)
+    _kernel_choices.update(choices)
 
 
 def _model_device(model: nn.Module) -> torch.device | None:
@@ -192,14 +239,16 @@ def _model_device(model: nn.Module) -> torch.device | None:
 
 
 def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Module:
-    """Run every plain `nn.Linear` of `model` on pre-packed oneDNN weights; see the module doc.
+    """Run every plain `nn.Linear` of `model` on the fastest of stock MKL, packed oneDNN and packed MKL weights
+    for each forward length; see the module doc.
 
-    `stock_rows`: forwards of at most this many rows (tokens × batch rows) keep the stock kernels (a plain
-    decoding step is one token); None measures, per layer shape on this CPU, at which lengths the stock kernel
-    is the faster (`calibrate_stock_rows`); 0 packs every forward.
+    `stock_rows`: None (the default) measures, per layer shape on this CPU, which kernel is the fastest at each
+    forward length (`calibrate_kernels`); an int n keeps the stock kernel for forwards of at most n rows
+    (tokens × batch rows; a plain decoding step is one token) and packs oneDNN weights for longer ones, 0 for
+    every forward.
     Returns `model` (changed in place). Logs how many layers were packed and how many were skipped (layers
     that are `nn.Linear` subclasses such as quantised or adapter layers, or in a dtype other than
-    float32/bfloat16).
+    float32/bfloat16), and which kernel each shape runs at which lengths.
     """
     device = _model_device(model)
     if device is None:
@@ -213,42 +262,58 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
     if not torch.backends.mkldnn.is_available():
         logger.warning("optimize_for_cpu: this PyTorch build has no oneDNN (mkldnn); leaving kernels unchanged.")
         return model
-    packed = already = 0
+    layers, already = [], 0
     skipped: dict[str, int] = {}
-    rows_used: dict[int | tuple[int, ...], int] = {}
-    with torch.no_grad():
-        for module in model.modules():
-            if type(module) is PackedLinear:
-                already += 1
-            elif type(module) is nn.Linear and module.weight.device.type == "cpu" and packable(module.weight.dtype):
-                module.__class__ = PackedLinear
-                module.repack()
-                lengths = calibrate_stock_rows(module.weight, module.bias) if stock_rows is None else stock_rows
-                module.stock_table = stock_table(lengths)
-                rows_used[lengths] = rows_used.get(lengths, 0) + 1
-                packed += 1
-            elif isinstance(module, nn.Linear):
-                reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
-                if module.weight.dtype in PACKABLE_DTYPES:
-                    reason += " (no oneDNN kernels for it on this CPU)"
-                skipped[reason] = skipped.get(reason, 0) + 1
-    if packed or skipped or already:
+    for module in model.modules():
+        if type(module) is PackedLinear:
+            already += 1
+        elif type(module) is nn.Linear and module.weight.device.type == "cpu" and packable(module.weight.dtype):
+            module.__class__ = PackedLinear
+            module._packed = {}
+            layers.append(module)
+        elif isinstance(module, nn.Linear):
+            reason = type(module).__name__ if type(module) is not nn.Linear else f"{module.weight.dtype}"
+            if module.weight.dtype in PACKABLE_DTYPES:
+                reason += " (no oneDNN kernels for it on this CPU)"
+            skipped[reason] = skipped.get(reason, 0) + 1
+    if stock_rows is None:
+        calibrate_kernels(layers)
+    for layer in layers:
+        layer.kernel_table = kernel_table(_kernel_choices[_layer_key(layer)] if stock_rows is None else stock_rows)
+        layer.keep_used_copies()
+    if layers or skipped or already:
         detail = ", ".join(f"{n} × {why}" for why, n in sorted(skipped.items()))
         logger.info(
-            "optimize_for_cpu: %d linear layer(s) on pre-packed oneDNN weights%s; skipped %d%s.",
-            packed,
+            "optimize_for_cpu: %d linear layer(s) on the fastest kernels%s; skipped %d%s.",
+            len(layers),
             f" ({already} already)" if already else "",
             sum(skipped.values()),
             f" ({detail})" if detail else "",
         )
-    stock_where = [(lengths, n) for lengths, n in rows_used.items() if lengths]
-    if stock_where:
-        def said(lengths):
-            return f"up to {lengths}" if isinstance(lengths, int) else "at " + ", ".join(map(str, lengths))
-        logger.info("optimize_for_cpu: stock kernels where faster on this CPU: %s.", "; ".join(
-            f"{n} layer(s) {said(lengths)} row(s)" for lengths, n in stock_where))
+    if layers:
+        logger.info("optimize_for_cpu: kernels by forward rows on this CPU: %s.", describe_kernels(layers))
     _use_fast_attention_and_cache(model)
     return model
+
+
+def describe_kernels(layers: list[PackedLinear]) -> str:
+    """Which kernel each layer shape runs at which forward lengths, e.g.
+    `576x1536: stock MKL at 1-3, packed MKL at 4-16+`."""
+    shapes = {}
+    for layer in layers:
+        shapes.setdefault(tuple(layer.weight.shape), layer.kernel_table)
+    said = []
+    for (out_features, in_features), table in shapes.items():
+        runs = [(rows, rows, table[rows]) for rows in range(1, len(table))]
+        merged = []
+        for run in runs:
+            if merged and merged[-1][2] == run[2]:
+                merged[-1] = (merged[-1][0], run[1], run[2])
+            else:
+                merged.append(run)
+        text = ", ".join(f"{KERNEL_NAMES[k]} at {lo}{'' if lo == hi else f'-{hi}'}" for lo, hi, k in merged)
+        said.append(f"{in_features}x{out_features}: {text}+")
+    return "; ".join(said)
 
 
 def _use_fast_attention_and_cache(model: nn.Module) -> tuple[bool, bool]:
@@ -275,9 +340,8 @@ def restore_stock_kernels(model: nn.Module) -> nn.Module:
     for module in model.modules():
         if type(module) is PackedLinear:
             module.__class__ = nn.Linear
-            module.__dict__.pop("_packed_weight", None)
-            module.__dict__.pop("_packed_key", None)
-            module.__dict__.pop("stock_table", None)
+            module.__dict__.pop("_packed", None)
+            module.__dict__.pop("kernel_table", None)
     return model
 
 

@@ -1,5 +1,5 @@
-"""`optimize_for_cpu`: packed oneDNN linears match stock kernels, keep generation lossless, and stay invisible
-to saving, copying and training."""
+"""`optimize_for_cpu`: linears on packed oneDNN and MKL weights match stock kernels, keep generation lossless,
+and stay invisible to saving, copying and training."""
 
 from __future__ import annotations
 
@@ -58,10 +58,10 @@ def test_idempotent_and_restorable(caplog):
     target = make_tiny_target("llama", vocab_size=32)
     with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
         optimize_for_cpu(target)
-        first = {name: m._packed_weight for name, m in target.named_modules() if type(m) is PackedLinear}
+        first = {name: dict(m._packed) for name, m in target.named_modules() if type(m) is PackedLinear}
         assert optimize_for_cpu(target) is target
-    second = {name: m._packed_weight for name, m in target.named_modules() if type(m) is PackedLinear}
-    assert all(first[name] is second[name] for name in first)  # nothing repacked
+    second = {name: m._packed for name, m in target.named_modules() if type(m) is PackedLinear}
+    assert all(first[name][k] is second[name][k] for name in first for k in first[name])  # nothing repacked
     assert "already" in caplog.text
     restore_stock_kernels(target)
     restore_stock_kernels(target)
@@ -107,56 +107,83 @@ def test_few_token_forwards_keep_the_stock_kernel_where_it_is_faster(monkeypatch
             x = torch.randn(shape)
             torch.testing.assert_close(layer(x), linear(x, layer[0].weight, layer[0].bias), atol=1e-5, rtol=1e-5)
     assert stock_calls == [(1, 16), (1, 2, 16)]  # tokens ≤ stock_rows: stock; more: packed
-    # calibrated: lengths from ROW_CANDIDATES, measured once per shape, dtype and thread count
-    weight = torch.randn(24, 40)
-    rows = kernels.calibrate_stock_rows(weight)
-    assert set(rows) <= set(kernels.ROW_CANDIDATES)
-    assert kernels._stock_rows[(24, 40, torch.float32, torch.get_num_threads())] == rows
-    monkeypatch.setattr(kernels, "_median_seconds", lambda *a: pytest.fail("timed again"))
-    assert kernels.calibrate_stock_rows(torch.zeros(24, 40)) == rows
+    assert set(layer[0]._packed) == {kernels.ONEDNN}  # only the copies the table uses
     restore_stock_kernels(layer)
-    assert "stock_table" not in layer[0].__dict__
+    assert "kernel_table" not in layer[0].__dict__ and "_packed" not in layer[0].__dict__
+
+
+def test_calibration_times_each_shape_once_per_process(monkeypatch):
+    import domino_hf.cpu_kernels as kernels
+
+    monkeypatch.setattr(kernels, "_kernel_choices", {})
+    model = optimize_for_cpu(nn.Sequential(nn.Linear(40, 24), nn.Linear(24, 40), nn.Linear(40, 24))).eval()
+    key = (24, 40, torch.float32, torch.get_num_threads())
+    assert set(kernels._kernel_choices) == {key, (40, 24, torch.float32, torch.get_num_threads())}
+    assert set(kernels._kernel_choices[key]) == set(kernels.ROW_CANDIDATES)
+    assert model[0].kernel_table == model[2].kernel_table == kernels.kernel_table(kernels._kernel_choices[key])
+    for layer in model:  # packed copies kept for the kernels each table uses, and only those
+        assert set(layer._packed) == set(layer.kernel_table) - {kernels.STOCK}
+    monkeypatch.setattr(kernels.time, "perf_counter", lambda: pytest.fail("timed again"))
+    optimize_for_cpu(nn.Sequential(nn.Linear(40, 24)))
 
 
 def test_calibrated_lengths_pick_the_kernel_per_forward_length(monkeypatch):
     import domino_hf.cpu_kernels as kernels
 
+    stock, onednn, mkl = kernels.STOCK, kernels.ONEDNN, kernels.MKL
     # stock at 1-3 and 5 rows, packed at 4 and from 6: a length between candidates takes the lower one's choice
-    table = kernels.stock_table((1, 2, 3, 5))
-    assert [rows for rows, stock in enumerate(table) if stock] == [1, 2, 3, 5]
-    table = kernels.stock_table((1, 8))
-    assert [rows for rows, stock in enumerate(table) if stock] == [1, 8, 9, 10, 11]
-    assert len(table) == kernels.ROW_CANDIDATES[-1] + 1  # longer forwards: packed
-    assert kernels.stock_table(20)[20] and not kernels.stock_table(0)[1]
+    table = kernels.kernel_table({1: stock, 2: stock, 3: stock, 4: mkl, 5: stock, 6: onednn, 8: mkl, 12: mkl, 16: mkl})
+    assert table == (stock, stock, stock, stock, mkl, stock, onednn, onednn) + (mkl,) * 9
+    assert kernels.kernel_table(20)[20] == stock and kernels.kernel_table(0)[1] == onednn
+    assert kernels.kernel_table(2)[:4] == (stock, stock, stock, onednn)
     layer = optimize_for_cpu(nn.Sequential(nn.Linear(16, 32)), stock_rows=0).eval()
-    layer[0].stock_table = kernels.stock_table((1, 2, 3, 5))
-    stock_calls = []
+    layer[0].kernel_table = table
+    calls = []
     linear = torch.nn.functional.linear
-    monkeypatch.setattr(kernels.F, "linear", lambda *a: stock_calls.append(a[0].shape) or linear(*a))
+    monkeypatch.setattr(kernels.F, "linear", lambda *a: calls.append(("stock", a[0].shape)) or linear(*a))
+    mkl_linear = torch.ops.mkl._mkl_linear
+    monkeypatch.setattr(kernels.torch.ops.mkl, "_mkl_linear", lambda *a: calls.append(("mkl", a[0].shape, a[-1]))
+                        or mkl_linear(*a), raising=False)
     with torch.no_grad():
         for shape in [(1, 1, 16), (2, 2, 16), (5, 16), (1, 6, 16), (40, 16)]:
             x = torch.randn(shape)
             torch.testing.assert_close(layer(x), linear(x, layer[0].weight, layer[0].bias), atol=1e-5, rtol=1e-5)
-    assert stock_calls == [(1, 1, 16), (5, 16)]  # rows = tokens × batch rows: 1 and 5 stock; 4, 6, 40 packed
+    # rows = tokens × batch rows: 1 and 5 stock; 4 and 40 (longer than measured: the longest one's) packed MKL
+    # with the row count the call computes; 6 oneDNN
+    assert calls == [("stock", (1, 1, 16)), ("mkl", (2, 2, 16), 4), ("stock", (5, 16)), ("mkl", (40, 16), 40)]
 
 
-@pytest.mark.parametrize(("packed_over_stock", "expected"), [
-    ({}, (1, 2, 3, 4, 5, 6, 8, 12, 16)),  # close calls stay stock: plain steps run as in stock transformers
-    ({1: 0.8, 2: 0.8, 3: 0.8, 4: 0.8, 5: 0.8, 6: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, ()),  # packed clearly faster
-    ({2: 0.8, 3: 0.8, 4: 0.8, 5: 0.8, 6: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, (1,)),  # stock faster at 1 row only
-    ({5: 0.8, 8: 0.8, 12: 0.8, 16: 0.8}, (1, 2, 3, 4, 6)),  # not monotone: each length on its own timing
+@pytest.mark.parametrize(("seconds", "rows", "expected"), [
+    ({0: 1.0, 1: 0.95, 2: 0.97}, 1, 0),  # close calls at plain decoding lengths stay stock
+    ({0: 1.0, 1: 0.8, 2: 0.85}, 1, 1),  # packed clearly faster
+    ({0: 1.0, 1: 0.95, 2: 0.97}, 4, 1),  # verify lengths: the fastest
+    ({0: 1.0, 1: 1.2, 2: 0.99}, 8, 2),
+    ({0: 1.0, 1: 1.2}, 8, 0),  # a dtype without MKL's packed GEMM: two kernels
 ])
-def test_calibration_hands_few_rows_to_packed_only_when_clearly_faster(monkeypatch, packed_over_stock, expected):
+def test_calibration_hands_plain_steps_to_packed_only_when_clearly_faster(seconds, rows, expected):
     import domino_hf.cpu_kernels as kernels
 
-    monkeypatch.setattr(kernels, "_stock_rows", {})
+    assert kernels.choose_kernel(seconds, rows) == expected
 
-    def timed(fn, repeats):  # the decision rule alone, on given timings: stock 1 ms a call
-        rows = fn.__defaults__[0].shape[0]
-        return 1e-3 * (packed_over_stock.get(rows, 0.95) if fn.__name__ == "packed" else 1.0)
 
-    monkeypatch.setattr(kernels, "_median_seconds", timed)
-    assert kernels.calibrate_stock_rows(torch.randn(24, 40)) == expected
+@pytest.mark.parametrize("kernel", ["ONEDNN", "MKL"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_greedy_identity_on_each_packed_kernel(arch, kernel):
+    import domino_hf.cpu_kernels as kernels
+
+    target = optimize_for_cpu(make_tiny_target(arch, vocab_size=32), stock_rows=0)
+    draft = make_tiny_draft(target)
+    for module in target.modules():  # every forward length of every layer on this kernel
+        if type(module) is PackedLinear:
+            module.kernel_table = (getattr(kernels, kernel),) * (kernels.ROW_CANDIDATES[-1] + 1)
+    ids = torch.arange(12)[None] % 32
+    with torch.no_grad():
+        optimized = target(ids).logits
+        with stock_kernels(target):
+            reference = target(ids).logits
+    assert (optimized - reference).abs().max() <= 1e-4
+    for ids in tiny_prompts(3, vocab_size=32):
+        greedy_both(target, draft, ids, max_new_tokens=20)
 
 
 def test_gradients_flow_through_the_stock_path():
@@ -216,7 +243,7 @@ def test_bf16_layers_stay_stock_where_onednn_has_no_bf16_path(monkeypatch, caplo
 
     assert isinstance(cpu_kernels.packable(torch.bfloat16), bool)  # the real probe, whatever this CPU is
     assert cpu_kernels.packable(torch.float32) and not cpu_kernels.packable(torch.float16)
-    monkeypatch.setitem(cpu_kernels._dtype_support, torch.bfloat16, False)
+    monkeypatch.setitem(cpu_kernels._dtype_support, (cpu_kernels.ONEDNN, torch.bfloat16), False)
     draft_target = make_tiny_target("llama", vocab_size=32)
     draft = make_tiny_draft(draft_target).to(torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
@@ -231,7 +258,7 @@ def test_a_packed_layer_cast_to_an_unpackable_dtype_runs_stock(monkeypatch):
     """Optimized in fp32, then `.to(bfloat16)` on a CPU without oneDNN bf16: the forward falls back, never repacks."""
     from domino_hf import cpu_kernels
 
-    monkeypatch.setitem(cpu_kernels._dtype_support, torch.bfloat16, False)
+    monkeypatch.setitem(cpu_kernels._dtype_support, (cpu_kernels.ONEDNN, torch.bfloat16), False)
     layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8)))[0]
     assert type(layer) is PackedLinear
     layer.to(torch.bfloat16)
