@@ -158,10 +158,13 @@ class PackedLinear(nn.Linear):
         table = self.kernel_table
         return self.run_kernel(x, table[min(rows, len(table) - 1)] if table else STOCK, rows)
 
-    def keep_used_copies(self) -> None:
-        """Free the packed copies of kernels the table no longer uses."""
-        for kernel in set(self._packed) - set(self.kernel_table):
+    def pack_for_table(self) -> None:
+        """Pack the copies the kernel table uses (now, not in the first forward) and free the others."""
+        used = {k for k in self.kernel_table if k != STOCK and packable(self.weight.dtype, k)}
+        for kernel in set(self._packed) - used:
             del self._packed[kernel]
+        for kernel in used:
+            self.packed_weight(kernel)
 
     def __getstate__(self):
         # packed tensors cannot be copied or pickled: a deep copy / unpickled module repacks on first use.
@@ -280,7 +283,7 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
         calibrate_kernels(layers)
     for layer in layers:
         layer.kernel_table = kernel_table(_kernel_choices[_layer_key(layer)] if stock_rows is None else stock_rows)
-        layer.keep_used_copies()
+        layer.pack_for_table()
     if layers or skipped or already:
         detail = ", ".join(f"{n} × {why}" for why, n in sorted(skipped.items()))
         logger.info(
