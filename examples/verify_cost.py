@@ -9,10 +9,11 @@ kernel sets, contexts and lengths are timed interleaved (every repeat runs each 
 shared machine hits all alike. Kernel sets:
 
 * `stock`: transformers as installed (`nn.Linear` → MKL sgemm in fp32, "sdpa" attention, `DynamicCache`);
-* `optimized`: `domino_hf.optimize_for_cpu` (packed oneDNN linears, each forward length on the stock kernel
-  where it measured faster on this CPU, grouped-query attention without repeated heads, `GrowingCache`);
+* `optimized`: `domino_hf.optimize_for_cpu` (each linear layer, at each forward length, on the fastest of stock
+  MKL, packed oneDNN and packed MKL measured on this CPU, grouped-query attention without repeated heads,
+  `GrowingCache`);
 * `linear-only`: `optimize_for_cpu`'s linears alone, with stock attention and `DynamicCache`;
-* `packed`: `optimize_for_cpu(stock_rows=0)`, the packed kernels for every forward;
+* `packed`: `optimize_for_cpu(stock_rows=0)`, packed oneDNN for every forward;
 * `compiled`: the upstream route, `torch.compile(dynamic=True)` with inductor freezing (which packs weights
   the same way). Slow to build: its compile time and recompiles are printed too.
 
