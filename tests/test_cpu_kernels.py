@@ -127,6 +127,16 @@ def test_calibration_times_each_shape_once_per_process(monkeypatch):
     optimize_for_cpu(nn.Sequential(nn.Linear(40, 24)))
 
 
+def test_a_large_model_is_timed_on_a_bounded_prefix(monkeypatch):
+    import domino_hf.cpu_kernels as kernels
+
+    layers = [nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 64), nn.Linear(32, 32)]
+    monkeypatch.setattr(kernels, "TIMED_BYTES", 2 * 32 * 32 * 4)  # room for two of the square weights
+    timed = kernels._timed_prefix(layers)
+    # in forward order up to the budget, then one layer of each shape not met yet (the 64 x 32 one)
+    assert timed == [layers[0], layers[1], layers[3]]
+
+
 def test_calibrated_lengths_pick_the_kernel_per_forward_length(monkeypatch):
     import domino_hf.cpu_kernels as kernels
 
