@@ -195,7 +195,7 @@ def calibrate_kernels(layers: list[PackedLinear]) -> None:
     Timed in the model's own forward order, all layers at one length on one kernel in a pass, so each weight is
     read as a decoding step reads it (from memory on a model larger than the CPU's cache, from cache on a tiny
     one); the passes of the kernels alternate and each shape's time is the median over `TIMING_ROUNDS` rounds.
-    About 3 s for SmolLM2-135M.
+    About 4 s for SmolLM2-135M (its packed copies of the timed layers exist side by side meanwhile).
 
     Why per length: which GEMM wins depends on the CPU and on the rows. On AVX-512 machines the packed oneDNN
     kernels won from 1 row; on an AMX machine stock MKL is faster for SmolLM2's layers up to 3 rows, MKL's packed
