@@ -135,7 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="auto",
         choices=("auto", "stock", "optimized"),
         help="matmul kernels of the target and draft for every method: `optimized` runs every nn.Linear on "
-        "pre-packed oneDNN weights (domino_hf.optimize_for_cpu; CPU only) and adds plain decoding on stock "
+        "the fastest of stock MKL and pre-packed oneDNN or MKL weights for each forward length "
+        "(domino_hf.optimize_for_cpu; CPU only) and adds plain decoding on stock "
         "kernels as a second baseline; auto = optimized on CPU, stock elsewhere (default: %(default)s)",
     )
     models.add_argument(

@@ -213,11 +213,11 @@ class VerifyCost:
     exponentially weighted least squares of seconds against k, t(1) on its own and t(k) = a + b·(k-1) for
     k > 1, starting from `prior_weight` pseudo-observations of the prior curve (scaled to the first measured
     forward) that fade like old measurements. A line misses the steps of a real curve (GEMM libraries switch
-    algorithms with the row count: on an AMX Xeon 3 tokens cost 1.12× a plain step and 4 tokens 1.43×), so each
-    length measured also keeps its own moving average, which outweighs the line once it has a few forwards
-    (the line counts as one); lengths never measured take the line. Timings never depend on a token drawn for
-    the step being proposed, so speculative sampling stays exact; greedy output never depends on the choice at
-    all.
+    algorithms with the row count: with stock MKL on an AMX Xeon 3 tokens cost 1.23× a plain step, 4 tokens
+    1.56×), so each length measured also keeps its own moving average, which outweighs the line once it has a
+    few forwards (the line counts as one); lengths never measured take the line. Timings never depend on a token
+    drawn for the step being proposed, so speculative sampling stays exact; greedy output never depends on the
+    choice at all.
     """
 
     def __init__(self, step: float = 0.08, per_token: float = 0.025, measure: bool = False, decay: float = 0.97,
