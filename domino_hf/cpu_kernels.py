@@ -36,6 +36,7 @@ speculative decoding stays exactly lossless against plain decoding *on the same 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import statistics
 import time
@@ -130,7 +131,8 @@ class PackedLinear(nn.Linear):
     for its shape on this CPU: stock MKL, oneDNN or MKL's packed GEMM on a pre-packed copy of the weight.
 
     Installed by swapping the class of an existing `nn.Linear` (no new parameters, same state dict); the
-    stock forward runs whenever a gradient is needed. Packed copies are made on first use of their kernel.
+    stock forward runs whenever a gradient is needed. The copies its kernel table uses are packed at load
+    (`pack_for_table`) and again on first use after the weight changes.
     """
 
     _packed: dict[int, tuple[tuple, torch.Tensor]]  # kernel -> (weight key it was packed from, packed copy)
@@ -203,9 +205,8 @@ def calibrate_kernels(layers: list[PackedLinear]) -> None:
     todo = [layer for layer in layers if _layer_key(layer) not in _kernel_choices]
     if not todo:
         return
-    timed = _timed_prefix(todo)
-    kernels = {key: [k for k in (STOCK, ONEDNN, MKL) if k == STOCK or packable(key[2], k)]
-               for key in map(_layer_key, timed)}
+    timed = [(layer, _layer_key(layer)) for layer in _timed_prefix(todo)]
+    kernels = {key: [k for k in (STOCK, ONEDNN, MKL) if k == STOCK or packable(key[2], k)] for _, key in timed}
     choices: dict[tuple, dict[int, int]] = {key: {} for key in kernels}
     with torch.no_grad():
         for rows in ROW_CANDIDATES:
@@ -213,8 +214,7 @@ def calibrate_kernels(layers: list[PackedLinear]) -> None:
 
             def one_pass(kernel: int) -> dict[tuple, float]:
                 seconds = dict.fromkeys(kernels, 0.0)
-                for layer in timed:
-                    key = _layer_key(layer)
+                for layer, key in timed:
                     if kernel in kernels[key]:
                         start = time.perf_counter()
                         layer.run_kernel(inputs[key], kernel, rows)
@@ -307,15 +307,11 @@ def describe_kernels(layers: list[PackedLinear]) -> str:
         shapes.setdefault(tuple(layer.weight.shape), layer.kernel_table)
     said = []
     for (out_features, in_features), table in shapes.items():
-        runs = [(rows, rows, table[rows]) for rows in range(1, len(table))]
-        merged = []
-        for run in runs:
-            if merged and merged[-1][2] == run[2]:
-                merged[-1] = (merged[-1][0], run[1], run[2])
-            else:
-                merged.append(run)
-        text = ", ".join(f"{KERNEL_NAMES[k]} at {lo}{'' if lo == hi else f'-{hi}'}" for lo, hi, k in merged)
-        said.append(f"{in_features}x{out_features}: {text}+")
+        runs = []
+        for kernel, group in itertools.groupby(range(1, len(table)), key=table.__getitem__):
+            rows = list(group)
+            runs.append(f"{KERNEL_NAMES[kernel]} at {rows[0]}" + (f"-{rows[-1]}" if len(rows) > 1 else ""))
+        said.append(f"{in_features}x{out_features}: {', '.join(runs)}+")
     return "; ".join(said)
 
 

@@ -148,6 +148,8 @@ def test_calibrated_lengths_pick_the_kernel_per_forward_length(monkeypatch):
     assert kernels.kernel_table(2)[:4] == (stock, stock, stock, onednn)
     layer = optimize_for_cpu(nn.Sequential(nn.Linear(16, 32)), stock_rows=0).eval()
     layer[0].kernel_table = table
+    assert kernels.describe_kernels([layer[0]]) == (
+        "16x32: stock MKL at 1-3, packed MKL at 4, stock MKL at 5, packed oneDNN at 6-7, packed MKL at 8-16+")
     calls = []
     linear = torch.nn.functional.linear
     monkeypatch.setattr(kernels.F, "linear", lambda *a: calls.append(("stock", a[0].shape)) or linear(*a))
