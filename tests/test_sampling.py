@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import fit_tiny_draft, make_tiny_draft, make_tiny_target, tiny_prompts
+from conftest import make_tiny_draft, make_tiny_target
 from transformers import (
     LogitsProcessor,
     LogitsProcessorList,
@@ -50,8 +50,8 @@ def make_sampling_target():
 
 
 @pytest.fixture(scope="module")
-def target():
-    return make_sampling_target()
+def target(sampling_pair):
+    return sampling_pair[0]
 
 
 def peaked_draft(target, **overrides):
@@ -63,11 +63,10 @@ def peaked_draft(target, **overrides):
 
 
 @pytest.fixture(scope="module")
-def fitted_draft(target):
-    """A draft fitted to the target's greedy continuations: about half its tokens are accepted, runs included."""
-    draft = make_tiny_draft(target, gru_hidden_dim=16, correction_rank=8)
-    fit_tiny_draft(draft, target, [PROMPT] + tiny_prompts(5, vocab_size=VOCAB, length=PROMPT.shape[1]))
-    return draft
+def fitted_draft(sampling_pair):
+    """A draft fitted to the target's greedy continuations (conftest's `sampling_pair`): about half its tokens
+    are accepted, runs included."""
+    return sampling_pair[1]
 
 
 def exact_distribution(target, warpers: LogitsProcessorList) -> torch.Tensor:
