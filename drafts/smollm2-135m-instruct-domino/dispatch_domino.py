@@ -34,7 +34,7 @@ from .configuration_domino import (
 )
 from .generation_domino import DominoCandidateGenerator, DominoGenerationStats
 from .suffix_domino import is_suffix_cache
-from .target_domino import check_draft_fits_target
+from .target_domino import check_draft_fits_target, check_target_attention
 
 logger = logging.getLogger(__name__)
 
@@ -377,6 +377,7 @@ def _validate_domino_request(target, draft, generation_config) -> None:
             "cropped from the cache after every step, which only a DynamicCache is tested to do exactly)."
         )
     check_target_supported(target)
+    check_target_attention(target)  # every Domino path (one prompt, a batch, a draft tree) passes here
     check_draft_fits_target(draft.config, target)
 
 

@@ -13,7 +13,8 @@ tests all go through this module, so each convention is written once:
 * the vocabulary map between target ids and draft-vocabulary indices (`draft_vocab_map`);
 * the frozen embedding and LM head, bias and soft-capping included (`DominoTargetHead`), so the base logits
   a draft is trained against are the ones it drafts with;
-* the fit check (`check_draft_fits_target`) and the generation-time head tables (`DominoHeadTables`).
+* the fit check (`check_draft_fits_target`), the attention check (`check_target_attention`) and the
+  generation-time head tables (`DominoHeadTables`).
 """
 
 from __future__ import annotations
@@ -224,6 +225,33 @@ def check_draft_fits_target(config, target) -> None:
             config.target_model_type,
             text.model_type,
         )
+
+
+def target_attention(target) -> str | None:
+    """The attention implementation of the target's text model (`config._attn_implementation`)."""
+    config = target.config.get_text_config() if hasattr(target.config, "get_text_config") else target.config
+    return getattr(config, "_attn_implementation", None)
+
+
+def check_target_attention(target) -> None:
+    """Refuse a target whose attention implementation has no mask function in transformers'
+    `AttentionMaskInterface` (every built-in one has; one registered by the user with `AttentionInterface.register`
+    alone has not). transformers then builds no causal mask at all: a one-token step needs none, but a forward over
+    several new tokens after a cache, which every verify step is, would let each new token see the tokens after it
+    (or, with SDPA's `is_causal`, hide the cache), so the output would silently differ from plain decoding."""
+    from transformers.masking_utils import AttentionMaskInterface
+
+    name = target_attention(target)
+    if name in AttentionMaskInterface._global_mapping:  # the mapping transformers' mask builders look the name up in
+        return
+    raise ValueError(
+        f"attn_implementation={name!r} has no mask function in transformers' AttentionMaskInterface, so a forward "
+        "over several new tokens after the cache (every Domino verify step) gets no causal mask and would give "
+        "tokens other than plain decoding's. Register the mask its attention function takes, e.g. "
+        "`from transformers.masking_utils import AttentionMaskInterface, sdpa_mask; "
+        f"AttentionMaskInterface.register({name!r}, sdpa_mask)` (eager_mask for additive masks), or load the "
+        "target with attn_implementation='sdpa' (or 'eager')."
+    )
 
 
 class DominoHeadTables:
