@@ -1,6 +1,8 @@
 """domino-hf: Domino speculative decoding for 🤗 Transformers.
 
-    from domino_hf import DominoDraftModel       # or AutoModel.from_pretrained(DRAFT, trust_remote_code=True)
+    from domino_hf import load_draft, load_target  # or DominoDraftModel / AutoModel.from_pretrained(folder, …)
+    target, tokenizer = load_target("smollm2")
+    draft = load_draft("smollm2", target)          # the draft shipped with domino-hf, from any folder
     target.generate(**inputs, assistant_model=draft)
 
 `import domino_hf` itself is cheap (the `domino` CLI starts in a blink): torch and transformers load on the
@@ -38,6 +40,8 @@ _EXPORTS = {
     "stock_kernels": "cpu_kernels",
     "is_optimized": "cpu_kernels",
     "load_target": "targets",
+    "load_draft": "targets",
+    "draft_path": "targets",
 }
 
 logging.getLogger(__name__).addHandler(logging.NullHandler())

