@@ -64,9 +64,9 @@ def test_suffix_cache_keywords_reach_generate(setup):
 
 
 def test_seeded_sampling_through_the_pipeline_repeats_itself(setup):
-    """The text-generation pipeline samples when the target's generation config says `do_sample` (as SmolLM2's
-    may): with the shipped drafting defaults the same seed gives the same text call after call, though the draft
-    keeps a suffix cache of earlier calls (a sampling call neither reads nor fills it unless asked)."""
+    """A sampling pipeline (here the target's generation config says `do_sample`): with the shipped drafting
+    defaults the same seed gives the same text call after call, though the draft keeps a suffix cache of earlier
+    calls (a sampling call neither reads nor fills it unless asked)."""
     target, tokenizer, draft, _ = setup
     target, draft = copy.deepcopy(target), copy.deepcopy(draft)
     del draft.generation_config.use_suffix_cache  # the shipped default
@@ -78,6 +78,26 @@ def test_seeded_sampling_through_the_pipeline_repeats_itself(setup):
         texts.append(pipe(PROMPT, max_new_tokens=16, return_full_text=False))
         assert_drafted(draft.last_generation_stats)
     assert texts[0] == texts[1] == texts[2] != texts[3]  # it samples, and repeats itself under one seed
+
+
+def test_the_pipeline_samples_unless_told_do_sample_false(setup):
+    """What the README's pipeline lines rest on: the text-generation pipeline samples when neither the call nor the
+    target's generation config sets `do_sample` (transformers 5.25 adds `do_sample=True, temperature=0.7`), so a
+    Domino pipeline call gives the greedy text, that of the pipeline without the draft, with `do_sample=False`."""
+    from transformers import TextGenerationPipeline
+
+    defaults = getattr(TextGenerationPipeline, "_default_generation_config", None)
+    if defaults is None or not defaults.do_sample:
+        pytest.skip("this transformers' text-generation pipeline does not sample by default")
+    target, tokenizer, draft, reference = setup
+    assert "do_sample" not in target.generation_config.to_diff_dict()
+    pipe = pipeline("text-generation", model=target, tokenizer=tokenizer, assistant_model=draft)
+    texts = set()
+    for seed in range(3):
+        torch.manual_seed(seed)
+        texts.add(pipe(PROMPT, max_new_tokens=16, return_full_text=False)[0]["generated_text"])
+    assert len(texts) > 1  # it samples
+    assert pipe(PROMPT, **GREEDY) == reference
 
 
 PROMPTS = ["w3 w7 w1 w9 w4", "w5", "w8 w2 w11", "w1 w2 w3 w4 w5 w6 w7 w8", "w40 w41", "w12 w60 w33 w2"]
