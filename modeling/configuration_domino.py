@@ -100,19 +100,25 @@ class DominoConfig(PretrainedConfig):
         dflash_config = kwargs.pop("dflash_config", None)
         published = dflash_config is not None
         emb_dim = kwargs.pop("emb_dim", None)
-        rope_parameters = kwargs.pop("rope_parameters", None) or kwargs.pop("rope_scaling", None)
-        if isinstance(rope_parameters, dict) and "rope_theta" in rope_parameters:
-            rope_theta = rope_parameters["rope_theta"]
+        rope_theta = _computed_as_here(kwargs, dflash_config or {}, rope_theta)
         if published:
             mask_token_id = dflash_config.get("mask_token_id", mask_token_id)
             target_layer_ids = dflash_config.get("target_layer_ids", target_layer_ids)
-            projector = dflash_config.get("projector_type")
-            use_domino_head = projector in ("domino", "causal_v5")
-            # DFlash checkpoints carry no shift_label: their slot 0 is the anchor.
+            use_domino_head = _projector_has_head(dflash_config.get("projector_type"))
+            # DFlash checkpoints carry no shift_label: their slot 0 is the anchor (as SGLang and vLLM read them).
             shift_label = dflash_config.get("shift_label", False)
             pure_draft_prefix_len = dflash_config.get("pure_draft_prefix_len", pure_draft_prefix_len)
+            if use_domino_head:
+                for key in ("shift_label", "pure_draft_prefix_len"):
+                    if key not in dflash_config:  # SGLang refuses it too: guessing would misalign or mis-correct
+                        raise DominoConfigError(f"dflash_config has a Domino head but no {key}: add the value the "
+                                                "draft was trained with (the official checkpoints: true / 1).")
             gru_hidden_dim = dflash_config.get("gru_hidden_dim", gru_hidden_dim)
-            emb_dim = dflash_config.get("emb_dim", emb_dim)
+            nested_emb_dim = dflash_config.get("emb_dim", emb_dim)
+            if emb_dim is not None and nested_emb_dim != emb_dim:
+                raise DominoConfigError(f"emb_dim differs between dflash_config ({nested_emb_dim}) and the "
+                                        f"top-level config ({emb_dim}): they are the correction rank, one value.")
+            emb_dim = nested_emb_dim
             kwargs.pop("model_type", None)  # "qwen3" in the official files; this class is the draft
         if emb_dim is not None:
             correction_rank = emb_dim
@@ -257,6 +263,49 @@ class DominoConfig(PretrainedConfig):
 
 class DominoConfigError(ValueError):
     """A `DominoConfig` field outside its allowed range (the message names the field and the range)."""
+
+
+# Domino head projector types: "domino", and "causal_v5", the older name of the same head in the official
+# checkpoints (SGLang knows only "domino"; `domino export --format sglang` writes that). None: a DFlash draft.
+_HEAD_PROJECTORS = ("domino", "causal_v5")
+# dflash_config keys of other DFlash variants that change the computation, with the value that leaves it as here.
+_NEUTRAL_DFLASH_KEYS = {"attention_sink_bias": False, "attention_value_scale": None, "conv_kernel_size": 0,
+                        "selector_rank": 0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                        "use_swa": False, "causal": False}
+
+
+def _projector_has_head(projector) -> bool:
+    if projector is None or projector in _HEAD_PROJECTORS:
+        return projector is not None
+    raise DominoConfigError(f"dflash_config.projector_type {projector!r} is a head this draft class does not compute "
+                            f"(known: {', '.join(_HEAD_PROJECTORS)}, or none for a DFlash draft).")
+
+
+def _computed_as_here(kwargs: dict, dflash_config: dict, rope_theta):
+    """Refuse the published config keys that would make a draft compute otherwise than this class does (SiLU MLP,
+    full attention, default RoPE), one line each; pops them from `kwargs`. Returns the RoPE base to use."""
+    act = kwargs.pop("hidden_act", None)
+    if act not in (None, "silu"):
+        raise DominoConfigError(f"hidden_act {act!r}: this draft's MLP is SwiGLU with SiLU only.")
+    layer_types = kwargs.pop("layer_types", None) or []
+    window = kwargs.pop("sliding_window", None)
+    sliding = kwargs.pop("use_sliding_window", False) and window is not None  # Qwen2/3's switch for its window
+    kwargs.pop("max_window_layers", None)
+    other = sorted({t for t in layer_types if t != "full_attention"})
+    if other or sliding:
+        raise DominoConfigError(f"{'layer_types ' + str(other) if other else 'use_sliding_window'} (window "
+                                f"{window}): this draft computes full attention in every layer only.")
+    rope = kwargs.pop("rope_parameters", None) or kwargs.pop("rope_scaling", None) or {}
+    kwargs.pop("rope_scaling", None)
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise DominoConfigError(f"rope scaling {rope_type!r}: this draft computes default RoPE only.")
+    for key, neutral in _NEUTRAL_DFLASH_KEYS.items():
+        value = dflash_config.get(key)
+        if value is not None and value != neutral and (neutral or value):  # 0, False, None: switched off
+            raise DominoConfigError(f"dflash_config.{key}={dflash_config[key]!r}: a DFlash variant this draft class "
+                                    "does not compute.")
+    return rope.get("rope_theta", rope_theta)
 
 
 def _is_int(value) -> bool:

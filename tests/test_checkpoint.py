@@ -243,3 +243,60 @@ def test_shipped_draft_carries_the_current_remote_code():
     shipped = project_root() / "drafts" / "smollm2-135m-instruct-domino"
     for name in REMOTE_CODE:
         assert (shipped / name).read_bytes() == (project_root() / "modeling" / name).read_bytes(), name
+
+
+# A published config key that would make the draft compute otherwise than this class does is refused by name, one
+# line each (SGLang and vLLM compute these; domino-hf's draft class does not).
+UNCOMPUTED_KEYS = {
+    "sliding layers": ({"layer_types": ["sliding_attention"], "sliding_window": 8}, r"full attention"),
+    "qwen3 sliding switch": ({"use_sliding_window": True, "sliding_window": 8}, r"use_sliding_window .*full attention"),
+    "yarn": ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}},
+             r"rope scaling 'yarn'.*default RoPE only"),
+    "rope_parameters yarn": ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+                             r"rope scaling 'yarn'"),
+    "activation": ({"hidden_act": "gelu"}, r"hidden_act 'gelu'.*SiLU only"),
+    "projector": ({"dflash_config": {"projector_type": "causal_v6"}}, r"projector_type 'causal_v6'"),
+    "no shift_label": ({"dflash_config": {"shift_label": None}}, r"Domino head but no shift_label"),
+    "no pure_draft_prefix_len": ({"dflash_config": {"pure_draft_prefix_len": None}},
+                                 r"Domino head but no pure_draft_prefix_len"),
+    "two emb_dim": ({"emb_dim": 8}, r"emb_dim differs between dflash_config \(16\) and the top-level config \(8\)"),
+    "attention sink": ({"dflash_config": {"attention_sink_bias": True}}, r"dflash_config.attention_sink_bias=True"),
+}
+
+
+def edit_published_config(folder, edits: dict) -> None:
+    """Apply `edits` to a published config.json; a None inside `dflash_config` removes that key."""
+    path = Path(folder) / "config.json"
+    config = json.loads(path.read_text())
+    for key, value in edits.items():
+        if key == "dflash_config":
+            config[key].update(value)
+            config[key] = {k: v for k, v in config[key].items() if v is not None}
+        else:
+            config[key] = value
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("kind", sorted(UNCOMPUTED_KEYS))
+def test_published_keys_this_class_does_not_compute_are_refused(tmp_path, kind):
+    edits, message = UNCOMPUTED_KEYS[kind]
+    write_published_checkpoint(tmp_path, make_tiny_draft(make_tiny_target("qwen3")))
+    edit_published_config(tmp_path, edits)
+    with pytest.raises(ValueError, match=message) as caught:
+        DominoDraftModel.from_pretrained(tmp_path)
+    assert "\n" not in str(caught.value)
+
+
+def test_published_keys_computed_as_here_are_honoured(tmp_path):
+    """Full-attention layer types, a window Qwen3 leaves off, default RoPE given as rope_parameters, SiLU, and a
+    pure_draft_prefix_len other than 1 (which SGLang refuses, and domino-hf computes)."""
+    target = make_tiny_target("qwen3")
+    write_published_checkpoint(tmp_path, make_tiny_draft(target))
+    edit_published_config(tmp_path, {
+        "layer_types": ["full_attention"], "sliding_window": 8, "use_sliding_window": False, "hidden_act": "silu",
+        "rope_parameters": {"rope_type": "default", "rope_theta": 5e5}, "dflash_config": {"pure_draft_prefix_len": 2},
+    })
+    loaded = DominoDraftModel.from_pretrained(tmp_path).eval()
+    assert loaded.config.rope_theta == 5e5 and loaded.config.pure_draft_prefix_len == 2
+    assert not {"layer_types", "sliding_window", "hidden_act", "rope_parameters"} & set(loaded.config.to_dict())
+    assert_drafted(greedy_both(target, loaded, tiny_prompts(1)[0], max_new_tokens=12)[1])

@@ -3,9 +3,8 @@
 The folder holds `config.json` (the architecture, with `auto_map`), `generation_config.json` (the drafting settings,
 `DraftingSettings`; an older folder's settings move there from its config.json), the remote-code files from
 `modeling/`, `model.safetensors` with the draft's weights only (never the target's), and a model card.
-`--published-dialect` also writes the config keys of the official Domino/DFlash checkpoints (nested
-`dflash_config`), so SGLang's `--speculative-algorithm DFLASH` can serve the same folder. The command's options
-are in `export_cli.py`.
+`--format sglang` / `--format vllm` write instead the form a serving engine loads as it is (`engine_export.py`;
+`--published_dialect` is `--format sglang`). The command's options are in `export_cli.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from ..modeling import DominoDraftModel
 from ..targets import SMOLLM2_DESCRIPTION, SMOLLM2_HUB_ID, SMOLLM2_PACKAGED_NAME
 from ..utils import looks_like_local_path
 from .checkpoint import SUMMARY, resolve_draft_folder
+from .engine_export import ENGINE_FORMATS, servable_problem, write_engine_folder
 
 logger = logging.getLogger(__name__)
 
@@ -238,41 +238,28 @@ def model_card(draft: DominoDraftModel, repo: str, source: Path | None = None, m
     )
 
 
-NO_SUBVOCAB_IN_PUBLISHED_DIALECT = (
-    "the published dialect has no sub-vocabulary: export a draft trained without --draft-vocab-size."
-)
+EXPORT_FORMATS = ("hub", *ENGINE_FORMATS)
 
 
-def to_published_dialect(config_path: Path) -> None:
-    """Add the official checkpoints' keys (REFERENCE §3) next to ours; weight names are already identical."""
-    config = json.loads(config_path.read_text())
-    if config.get("draft_vocab_ids") is not None:
-        raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)
-    config["dflash_config"] = {
-        "mask_token_id": config["mask_token_id"],
-        "target_layer_ids": config["target_layer_ids"],
-        "projector_type": "domino" if config.get("use_domino_head", True) else None,
-        "pure_draft_prefix_len": config["pure_draft_prefix_len"],
-        "emb_dim": config["correction_rank"],
-        "gru_hidden_dim": config["gru_hidden_dim"],
-        "shift_label": config["shift_label"],
-    }
-    config["emb_dim"] = config["correction_rank"]
-    config["architectures"] = ["DFlashDraftModel"]
-    config_path.write_text(json.dumps(config, indent=2))
+def export_draft(source, out, dtype=None, repo_id=None, push=False, private=False, published_dialect=False,
+                 measured=None, notes=None, license="apache-2.0", base_model=None, datasets=(), format="hub") -> Path:
+    """Write the folder for the draft found at `source`; push it when `push` (token from env / login).
 
-
-def export_draft(source, out, dtype="float16", repo_id=None, push=False, private=False, published_dialect=False,
-                 measured=None, notes=None, license="apache-2.0", base_model=None, datasets=()) -> Path:
-    """Write the Hub folder for the draft found at `source`; push it when `push` (token from env / login).
-
-    `repo_id` is the Hub repo the card's snippet loads (and the push target); without it the snippet names
-    `<your-username>/<folder name>`. `base_model` (a Hub id) and `datasets` (Hub ids of the prompt sources)
-    go into the card's metadata."""
+    `format` "hub" (the default) writes the Hub folder (remote code, model card; `dtype` default float16);
+    "sglang" / "vllm" the form that engine serves as it is (bf16 by default; `engine_export.py`), after
+    refusing what it cannot serve. `published_dialect=True` is `format="sglang"`. `repo_id` is the Hub repo the
+    card's snippet loads (and the push target); without it the snippet names `<your-username>/<folder name>`.
+    `base_model` (a Hub id) and `datasets` (Hub ids of the prompt sources) go into the Hub card's metadata."""
+    format = "sglang" if published_dialect else format
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"format must be one of {EXPORT_FORMATS}, got {format!r}.")
     folder = resolve_draft_folder(source)
-    draft = DominoDraftModel.from_pretrained(folder, dtype=torch_dtype(dtype))
-    if published_dialect and draft.config.draft_vocab_ids is not None:
-        raise ValueError(NO_SUBVOCAB_IN_PUBLISHED_DIALECT)  # before writing anything: no half-exported folder
+    dtype = torch_dtype(dtype or ("float16" if format == "hub" else "bfloat16"))
+    draft = DominoDraftModel.from_pretrained(folder, dtype=dtype)
+    if format != "hub":  # refused before anything is written: no half-exported folder
+        problem = servable_problem(draft.config, draft.has_domino_head, format, dtype)
+        if problem:
+            raise ValueError(problem)
     hub_base_model(draft.config, base_model)  # a bad --base-model fails before anything is written, too
     out = Path(out)
     api = None
@@ -283,14 +270,15 @@ def export_draft(source, out, dtype="float16", repo_id=None, push=False, private
         repo_id = _created_repo_id(
             api.create_repo(repo_id or out.name, private=private, exist_ok=True), repo_id or out.name,
         )
-    out.mkdir(parents=True, exist_ok=True)
-    draft.save_pretrained(out)
-    if published_dialect:
-        to_published_dialect(out / "config.json")
-    card = model_card(
-        draft, repo_id or f"<your-username>/{out.name}", folder, measured, notes, license, base_model, datasets,
-    )
-    (out / "README.md").write_text(card, encoding="utf-8")
+    if format != "hub":
+        write_engine_folder(draft, out, format, dtype, hub_base_model(draft.config, base_model))
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        draft.save_pretrained(out)
+        card = model_card(
+            draft, repo_id or f"<your-username>/{out.name}", folder, measured, notes, license, base_model, datasets,
+        )
+        (out / "README.md").write_text(card, encoding="utf-8")
     logger.info("Exported %s -> %s", folder, out)
     if api is not None:
         api.upload_folder(folder_path=str(out), repo_id=repo_id, commit_message="Upload Domino draft (domino-hf)")

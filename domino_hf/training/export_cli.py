@@ -24,7 +24,16 @@ def register(subparsers) -> None:
     parser.add_argument("source", help="Run folder (uses final/ or the newest complete checkpoint) or draft folder.")
     parser.add_argument("--out", "--output_dir", dest="out", required=True, help="Output folder.")
     parser.add_argument(
-        "--dtype", default="float16", choices=DTYPE_NAMES, help="Weight dtype (upcast at load for fp32 runs).",
+        "--format", default="hub", choices=("hub", "sglang", "vllm"),
+        help="hub: the Hub folder (remote code, model card). sglang: the form SGLang's DFLASH algorithm serves "
+             "as it is (Domino head included; bf16, full vocabulary). vllm: a head-less DFlash draft for vLLM's "
+             "dflash method. A draft the engine cannot serve as trained is refused with the fix; see "
+             "docs/serving.md.",
+    )
+    parser.add_argument(
+        "--dtype", default=None, choices=DTYPE_NAMES,
+        help="Weight dtype (default float16 for --format hub, bfloat16 for the engines; upcast at load for fp32 "
+             "runs).",
     )
     hub = parser.add_argument_group("Hub")
     hub.add_argument(
@@ -54,8 +63,9 @@ def register(subparsers) -> None:
     )
     card = parser.add_argument_group("model card")
     card.add_argument(
-        "--published-dialect", action="store_true",
-        help="Also write the official Domino/DFlash config keys (for SGLang).",
+        "--published_dialect", dest="format", action="store_const", const="sglang",
+        help="The same as --format sglang: the official Domino/DFlash checkpoints' config form, which SGLang "
+             "serves (no remote code: load it in domino-hf with DominoDraftModel.from_pretrained).",
     )
     card.add_argument(
         "--measured", default=None,
@@ -76,7 +86,7 @@ def run(args) -> int:
     try:
         export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.hub_model_id or args.push_repo,
                      push=bool(args.push_to_hub or args.push_repo), private=args.private,
-                     published_dialect=args.published_dialect, measured=measured, notes=notes,
+                     format=args.format, measured=measured, notes=notes,
                      license=args.license, base_model=args.base_model, datasets=args.datasets)
     except (FileNotFoundError, ValueError) as err:  # no draft at the source; an impossible export
         logger.error("%s", err)

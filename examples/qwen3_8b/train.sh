@@ -20,6 +20,7 @@ accelerate launch --config_file "$HERE/accelerate_$MODE.yaml" --num_processes "$
   --num-anchors 256 --lr 6e-4 --save-steps 1000 --logging-steps 50 --report-to tensorboard \
   --probe-prompts mt_bench --probe-num 8 --probe-max-new-tokens 128 --resume
 
-# Export the Hub folder (remote code, model card, the official config dialect as well) and upload it.
-domino export "$RUN" --out "drafts/qwen3-8b-domino-b16" --dtype bfloat16 --published-dialect \
+# Export the Hub folder (remote code, model card) and upload it; then the folder SGLang serves (docs/serving.md).
+domino export "$RUN" --out "drafts/qwen3-8b-domino-b16" --dtype bfloat16 \
   --push-to-hub "${HUB_REPO:?set HUB_REPO=user/Qwen3-8B-Domino-b16}"
+domino export "$RUN" --out "drafts/qwen3-8b-domino-b16-sglang" --format sglang
