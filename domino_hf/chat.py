@@ -31,10 +31,10 @@ _PLAIN_TEXT_LOGGED: set[str] = set()
 
 
 def check_chat_template(chat_template: str) -> None:
-    """Fail fast on a `--chat-template` that is neither `auto`, `none` nor an existing file."""
+    """Fail fast on a `--chat_template` that is neither `auto`, `none` nor an existing file."""
     if chat_template not in ("auto", "none") and not Path(chat_template).expanduser().is_file():
         raise FileNotFoundError(
-            f"--chat-template {chat_template}: no such file; pass `auto`, `none` or a Jinja template file.")
+            f"--chat_template {chat_template}: no such file; pass `auto`, `none` or a Jinja template file.")
 
 
 @functools.lru_cache(maxsize=8)
@@ -57,7 +57,7 @@ def resolve_chat_template(tokenizer: Any, chat_template: str = "auto") -> str | 
         _PLAIN_TEXT_LOGGED.add(name)
         logger.warning(
             "%s has no chat template: prompts are plain text and answers are the base model's continuations "
-            "(pass --chat-template PATH for a chat format, --chat-template none to silence this, --stop to end "
+            "(pass --chat_template PATH for a chat format, --chat_template none to silence this, --stop to end "
             "answers at a text)", name,
         )
     return None

@@ -14,7 +14,7 @@ import importlib
 import logging
 import sys
 
-from .cli_common import HelpFormatter
+from .cli_common import ArgumentParser, HelpFormatter
 
 # name -> (module with `register(subparsers)`, one-line help for `domino --help`)
 SUBCOMMANDS = {
@@ -40,7 +40,7 @@ def _command_position(argv: list[str]) -> int | None:
     for i, arg in enumerate(argv):
         if skip:
             skip = False
-        elif arg == "--log-level":
+        elif arg in ("--log_level", "--log-level"):
             skip = True
         elif not arg.startswith("-"):
             return i
@@ -56,14 +56,14 @@ def requested_command(argv: list[str]) -> str | None:
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The `domino` parser with `command`'s full options (its module imported); the other subcommands are
     listed by name and help only. `command=None` imports none of them."""
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="domino",
         description="Domino speculative decoding for 🤗 Transformers: regenerate data with a target, train a "
         "draft, export it as a Hub repo, and benchmark it against the alternatives. "
         "`domino <command> --help` shows a command's options.",
         formatter_class=HelpFormatter,
     )
-    parser.add_argument("--log-level", default="info", choices=LOG_LEVELS, help="Logging level.")
+    parser.add_argument("--log_level", default="info", choices=LOG_LEVELS, help="Logging level.")
     subparsers = parser.add_subparsers(dest="command", metavar="<command>")
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         if name == command:

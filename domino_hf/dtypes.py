@@ -1,4 +1,4 @@
-"""Dtype names, in one place: what every `--dtype` / `--draft-dtype` option accepts, and their torch dtypes.
+"""Dtype names, in one place: what every `--dtype` / `--draft_dtype` option accepts, and their torch dtypes.
 
 Importing this module does not import torch (the CLI lists choices before any heavy import).
 """
@@ -79,7 +79,7 @@ def resolve_dtype(name: str, device: str = "cpu"):
 
 
 def resolve_draft_dtype(name: str, target_dtype, device: str):
-    """`domino bench --draft-dtype`: an explicit dtype name, or `auto`: bfloat16 for a float32 target on a CPU with
+    """`domino bench --draft_dtype`: an explicit dtype name, or `auto`: bfloat16 for a float32 target on a CPU with
     native bf16 (drafting only proposes tokens, so a cheaper draft precision keeps the output exact), else the
     target's dtype."""
     import torch

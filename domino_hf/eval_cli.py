@@ -13,8 +13,8 @@ import importlib
 import sys
 
 LM_EVAL_RANGE = ">=0.4.13,<0.5"  # the tested lm-eval releases (the `eval` extra)
-_MISSING = (f"`domino lm-eval` and `domino_hf.eval` need lm-evaluation-harness: pip install 'domino-hf[eval]' "
-            f"(lm-eval{LM_EVAL_RANGE}).")
+INSTALL = f"pip install 'domino-hf[eval]' (lm-eval{LM_EVAL_RANGE})"
+_MISSING = f"`domino lm-eval` and `domino_hf.eval` need lm-evaluation-harness: {INSTALL}."
 
 
 def require_lm_eval():
@@ -25,14 +25,27 @@ def require_lm_eval():
         raise ImportError(_MISSING) from err
 
 
+HELP_WITHOUT_LM_EVAL = """\
+usage: domino lm-eval [lm-eval's options] --model domino --model_args pretrained=TARGET,draft=DRAFT --tasks TASKS
+
+lm-evaluation-harness's own command line with `--model domino`: its scores, and the draft's τ per task.
+Its options are lm-eval's; they are listed here once lm-eval is installed, and running needs it too:
+  {install}
+"""
+
+
 def cli(argv: list[str]) -> int:
     """`domino lm-eval ARGS`: what lm-eval's `cli_evaluate` does, with the range check and `--model domino`
-    between parsing and running; returns the exit code."""
+    between parsing and running; returns the exit code. Without lm-eval, `--help` says what to install (exit 0)
+    and anything else says it as an error (exit 2)."""
     try:
         lm_eval = require_lm_eval()
         from lm_eval._cli import HarnessCLI
         from lm_eval.utils import setup_logging
     except ImportError as err:
+        if not argv or any(arg in ("-h", "--help") for arg in argv):
+            print(HELP_WITHOUT_LM_EVAL.format(install=INSTALL), end="")
+            return 0
         print(f"domino lm-eval: {err}", file=sys.stderr)
         return 2
     saved = sys.argv

@@ -52,9 +52,9 @@ FEATURES="${FEATURES:-$CACHE/features/datajob-l1-14-27-top$KL_TOPK}"
 OUT="${OUT:-$CACHE/ablations}"
 STEPS="${STEPS:-3000}"
 SAVE_STEPS="${SAVE_STEPS:-500}"   # each checkpoint also measures τ by real decoding on 4 MT-Bench prompts (the probe)
-# bf16 autocast: 1.5x a step on CPUs with native bf16; elsewhere emulated, ~60x slower, so --no-bf16 there
-PRECISION="${PRECISION:-$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no-bf16")')}"
-GROUPING="${GROUPING:---group-by-length}"  # batches of similar lengths: random ones pad this data to 2x its tokens
+# bf16 autocast: 1.5x a step on CPUs with native bf16; elsewhere emulated, ~60x slower, so --no_bf16 there
+PRECISION="${PRECISION:-$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no_bf16")')}"
+GROUPING="${GROUPING:---group_by_length}"  # batches of similar lengths: random ones pad this data to 2x its tokens
 ARMS="${ARMS:-base init_target kl block8 layers3 gamma_wide}"
 KL_FEATURES="${KL_FEATURES:-$FEATURES}"
 EVAL_SETS="humaneval,mt_bench,alpaca,qa,sum"
@@ -69,35 +69,35 @@ SHIPPED="${SHIPPED:-drafts/smollm2-135m-instruct-domino}"
 STAGE4_DRAFT="${STAGE4_DRAFT:-$CACHE/exports/smollm2-domino-stage4}"
 arm_options() {  # the lever each arm changes; everything else is the shipped recipe
   case "$1" in
-    base) echo "--block-size 4 --num-layers 2 --init random --lr 1e-3" ;;
-    block8) echo "--block-size 8 --num-layers 2 --init random --lr 1e-3" ;;
-    init_target) echo "--block-size 4 --num-layers 2 --init target-layers --lr 1e-3" ;;
-    layers3) echo "--block-size 4 --num-layers 3 --init random --lr 1e-3" ;;
-    gamma_wide) echo "--block-size 4 --num-layers 2 --init random --gamma 8 --lr 1e-3" ;;
-    kl) echo "--block-size 4 --num-layers 2 --init random --loss kl --kl-topk $KL_TOPK --lr 1e-3" ;;
+    base) echo "--block_size 4 --num_layers 2 --init random --lr 1e-3" ;;
+    block8) echo "--block_size 8 --num_layers 2 --init random --lr 1e-3" ;;
+    init_target) echo "--block_size 4 --num_layers 2 --init target-layers --lr 1e-3" ;;
+    layers3) echo "--block_size 4 --num_layers 3 --init random --lr 1e-3" ;;
+    gamma_wide) echo "--block_size 4 --num_layers 2 --init random --gamma 8 --lr 1e-3" ;;
+    kl) echo "--block_size 4 --num_layers 2 --init random --loss kl --kl_topk $KL_TOPK --lr 1e-3" ;;
     # training in stages: continue the shipped draft (its config and sub-vocabulary) on this stage's data
     warm) echo "--init from:$SHIPPED --lr 3e-4" ;;
-    warm_kl) echo "--init from:$SHIPPED --loss kl --kl-topk $KL_TOPK --lr 3e-4" ;;
+    warm_kl) echo "--init from:$SHIPPED --loss kl --kl_topk $KL_TOPK --lr 3e-4" ;;
     # stage 2, second pass: from `warm`, anchors and order drawn afresh (another seed)
     warm2) echo "--init from:$OUT/warm/final --lr 3e-4 --seed 1" ;;
     # a third pass over THIRD_PASS_DATA from the stage-2 draft (`warm2`), and the same with the
     # sub-vocabulary grown from 8,192 to 16,384 tokens (new tokens start with no head correction)
     warm3) echo "--init from:$SHIPPED --lr 3e-4 --seed 2" ;;
-    warm3_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 2 --draft-vocab-size 16384" ;;
+    warm3_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 2 --draft_vocab_size 16384" ;;
     # stage 3: the same two from the stage-2 draft on STAGE3_DATA (stream c added), another seed
     warm4) echo "--init from:$SHIPPED --lr 3e-4 --seed 3" ;;
-    warm4_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 3 --draft-vocab-size 16384" ;;
+    warm4_v16k) echo "--init from:$SHIPPED --lr 3e-4 --seed 3 --draft_vocab_size 16384" ;;
     # stage 4: a pass over STAGE4_DATA from the stage-3 draft (`warm4`), and the same draft
-    # deepened to 3 layers first (the new layer starts as identity: `--num-layers` with `--init from:`)
+    # deepened to 3 layers first (the new layer starts as identity: `--num_layers` with `--init from:`)
     warm5) echo "--init from:$SHIPPED --lr 3e-4 --seed 4" ;;
-    deep5) echo "--init from:$SHIPPED --num-layers 3 --lr 3e-4 --seed 4" ;;
+    deep5) echo "--init from:$SHIPPED --num_layers 3 --lr 3e-4 --seed 4" ;;
     # stage 5: a pass from the stage-4 draft (`warm5`), and the same deepened to 3 layers with the new
     # layer at 10x the rate (in deep5 it stayed ~10x smaller than the trained ones after 3,000 steps)
     warm6) echo "--init from:$STAGE4_DRAFT --lr 3e-4 --seed 5" ;;
-    deep6) echo "--init from:$STAGE4_DRAFT --num-layers 3 --new-layer-lr-scale 10 --lr 3e-4 --seed 5" ;;
+    deep6) echo "--init from:$STAGE4_DRAFT --num_layers 3 --new_layer_lr_scale 10 --lr 3e-4 --seed 5" ;;
     # and warm6 with a regulariser against the measured overfitting (0.4 of τ between answers trained on and
     # unseen prompts of the same source): context features × (1 + 0.1·N(0, 1)) in training
-    noise6) echo "--init from:$STAGE4_DRAFT --lr 3e-4 --seed 5 --feature-noise 0.1" ;;
+    noise6) echo "--init from:$STAGE4_DRAFT --lr 3e-4 --seed 5 --feature_noise 0.1" ;;
     # and warm6 with the source answers added (ARMS=src6 STEPS=4900: each target answer seen about once, as in
     # warm6's 3,000 steps; the 15,176 source records are extra; run it alone, it reads the folder grown)
     src6) echo "--init from:$STAGE4_DRAFT --lr 3e-4 --seed 5" ;;
@@ -105,7 +105,7 @@ arm_options() {  # the lever each arm changes; everything else is the shipped re
     # five sets and on HELDOUT against their training
     # shards (examples/replay_tau.py --answers), where the overfitting shows
     warm7) echo "--init from:$SHIPPED --lr 3e-4 --seed 6" ;;
-    noise7) echo "--init from:$SHIPPED --lr 3e-4 --seed 6 --feature-noise 0.1" ;;
+    noise7) echo "--init from:$SHIPPED --lr 3e-4 --seed 6 --feature_noise 0.1" ;;
     *) echo "unknown arm $1" >&2; exit 2 ;;
   esac
 }
@@ -115,20 +115,20 @@ features_for() {  # the --features option of an arm: the kl arms read the target
   if [ "$KL_FEATURES" = none ]; then return; fi
   if [ "$KL_FEATURES" != "$FEATURES" ]; then
     # shellcheck disable=SC2086
-    domino features --target smollm2 --data $DATA --config "$FEATURES/draft_config.json" --kl-topk "$KL_TOPK" \
+    domino features --target smollm2 --data $DATA --config "$FEATURES/draft_config.json" --kl_topk "$KL_TOPK" \
       --dtype auto --out "$KL_FEATURES" >&2
   fi
   echo "--features $KL_FEATURES"
 }
 
 case " $DATA " in *" $SOURCE_ANSWERS "*)
-  domino regen --responses source --prompts sharegpt --max-new-tokens 256 --max-prompt-tokens 384 --out "$SOURCE_ANSWERS" ;;
+  domino regen --responses source --prompts sharegpt --max_new_tokens 256 --max_prompt_tokens 384 --out "$SOURCE_ANSWERS" ;;
 esac
 # The context features of every arm, once (resumable: a rerun extracts the next missing shard). The target
 # runs in bf16 where the CPU has it natively (as its answers), else fp32; layers 1, 14, 27 of the shipped config.
 # shellcheck disable=SC2086
 domino features --target smollm2 --data $DATA --config hub_configs/smollm2-135m-instruct-domino.json \
-  --kl-topk "$KL_TOPK" --dtype auto --out "$FEATURES"
+  --kl_topk "$KL_TOPK" --dtype auto --out "$FEATURES"
 
 for arm in $ARMS; do
   run="$OUT/$arm"
@@ -136,21 +136,21 @@ for arm in $ARMS; do
     mkdir -p "$run"
     features="$(features_for "$arm")"
     # shellcheck disable=SC2046,SC2086
-    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features --seed 0 --draft-vocab-size 8192 \
-      $(arm_options "$arm") --out "$run" --max-steps "$STEPS" --batch-size 8 --num-anchors 32 "$PRECISION" "$GROUPING" \
-      --save-steps "$SAVE_STEPS" --logging-steps 50 --resume \
-      --probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48
+    /usr/bin/time -a -o "$run/train_time" -f "%e %U %S" domino train --target smollm2 --data $DATA $features --seed 0 --draft_vocab_size 8192 \
+      $(arm_options "$arm") --out "$run" --max_steps "$STEPS" --batch_size 8 --num_anchors 32 "$PRECISION" "$GROUPING" \
+      --save_steps "$SAVE_STEPS" --logging_steps 50 --resume \
+      --probe_prompts mt_bench --probe_num 4 --probe_max_new_tokens 48
   fi
   if [ "$EVAL" = 1 ] && [ ! -f "$run/eval/heldout.json" ]; then
     domino bench --target smollm2 --draft "$run/final" --methods autoregressive,domino_no_lookup,dflash,domino \
-      --prompts "$EVAL_SETS" --num-prompts "$EVAL_PROMPTS" --max-new-tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
-      --no-plots --no-progress --overwrite_output_dir
+      --prompts "$EVAL_SETS" --num_prompts "$EVAL_PROMPTS" --max_new_tokens "$EVAL_TOKENS" --out "$run/eval" --name heldout \
+      --no_plots --no_progress --overwrite_output_dir
   fi
   case "$arm" in warm7|noise7)  # replayed τ on shards trained on against the held-out split of the same streams
     if [ "$EVAL" = 1 ] && [ ! -f "$run/eval/overfit.md" ]; then
       mkdir -p "$run/eval"
       # shellcheck disable=SC2086
-      python examples/replay_tau.py --draft "$run/final" --num-prompts 40 \
+      python examples/replay_tau.py --draft "$run/final" --num_prompts 40 \
         --answers data/regen/b-20261203-2.jsonl.gz data/regen/d-20261203-2.jsonl.gz $HELDOUT > "$run/eval/overfit.md"
     fi ;;
   esac

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's main job on a fresh machine: set up a venv (offline-capable), then benchmark the shipped
 # SmolLM2-135M-Instruct draft against plain decoding, prompt lookup and DFlash-mode drafting.
-# Extra arguments go to `domino bench` (e.g. --num-prompts 20 --prompts humaneval,mt_bench,alpaca).
+# Extra arguments go to `domino bench` (e.g. --num_prompts 20 --prompts humaneval,mt_bench,alpaca).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ ! -x .venv/bin/domino ]; then

@@ -16,12 +16,12 @@ CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"   # as domino_hf.utils.cache_
 mkdir -p "$CACHE/data"
 python examples/regen_shards.py seed
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1
-common=(--target smollm2 --turns all --dtype auto --batch-size 16 --max-new-tokens 256 --max-prompt-tokens 768)
+common=(--target smollm2 --turns all --dtype auto --batch_size 16 --max_new_tokens 256 --max_prompt_tokens 768)
 # Stream d first on this core: the ShareGPT first turns over stream a's 768-token cap, up to 2,048 (long
 # documents to summarise or rewrite, as the `sum` set's news articles); then stream e: the `summarize` source's
 # 3.6k documents, the skill `sum` lacks (docs/experiments.md); then stream a goes on.
-long=(--target smollm2 --turns first --dtype auto --batch-size 8 --max-new-tokens 256 --max-prompt-tokens 2048)
-(nice -n 19 domino regen "${long[@]}" --min-prompt-tokens 769 --prompts sharegpt \
+long=(--target smollm2 --turns first --dtype auto --batch_size 8 --max_new_tokens 256 --max_prompt_tokens 2048)
+(nice -n 19 domino regen "${long[@]}" --min_prompt_tokens 769 --prompts sharegpt \
    --out "$CACHE/data/sharegpt_long_bf16.jsonl" >> "$CACHE/regen_d.log" 2>&1
  nice -n 19 domino regen "${long[@]}" --prompts summarize \
    --out "$CACHE/data/summarize_bf16.jsonl" >> "$CACHE/regen_e.log" 2>&1
@@ -31,8 +31,8 @@ long=(--target smollm2 --turns first --dtype auto --batch-size 8 --max-new-token
 # b's later turns (dm-math, translation, chit-chat). Why c first: what the last training stage learned on stream
 # b's own held-out prompts hardly reached the benchmark sets, so data closer to general assistant questions goes
 # ahead of more of b's narrow sources (docs/experiments.md).
-(nice -n 19 domino self-prompts --target smollm2 --dtype auto --num-prompts "${SELF_PROMPTS:-6000}" \
-   --batch-size 16 --max-new-tokens 160 --seed 0 --out "$CACHE/data/self_prompts.jsonl" >> "$CACHE/self.log" 2>&1
+(nice -n 19 domino self-prompts --target smollm2 --dtype auto --num_prompts "${SELF_PROMPTS:-6000}" \
+   --batch_size 16 --max_new_tokens 160 --seed 0 --out "$CACHE/data/self_prompts.jsonl" >> "$CACHE/self.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts "$CACHE/data/self_prompts.jsonl" \
    --out "$CACHE/data/self_bf16.jsonl" >> "$CACHE/self.log" 2>&1
  nice -n 19 domino regen "${common[@]}" --prompts dm-math,translate,chatterbot \

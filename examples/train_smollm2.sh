@@ -8,10 +8,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CACHE="${DOMINO_HF_CACHE:-$HOME/.cache/domino-hf}"
 CONFIG=hub_configs/smollm2-135m-instruct-domino.json
-PROBE=(--probe-prompts mt_bench --probe-num 4 --probe-max-new-tokens 48)
+PROBE=(--probe_prompts mt_bench --probe_num 4 --probe_max_new_tokens 48)
 # bf16 (features: `--dtype auto`; training: autocast) where the CPU has it natively (AMX, avx512_bf16), as every
 # stage was made; elsewhere fp32, since PyTorch emulates bf16 there, many times slower (docs/cpu_kernels.md)
-BF16="$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no-bf16")')"
+BF16="$(python -c 'from domino_hf.dtypes import bf16_is_fast; print("--bf16" if bf16_is_fast("cpu") else "--no_bf16")')"
 
 export_stage() {  # RUN OUT: a stage's draft as it shipped (fp16 weights), once
   [ -f "$2/config.json" ] || domino export "$1" --out "$2" --dtype float16
@@ -23,8 +23,8 @@ continue_stage() {  # RUN INIT SEED DATA: grow the shared feature folder by DATA
   domino features --target smollm2 --data $4 --config "$CONFIG" --dtype auto --out "$FEATURES"
   # shellcheck disable=SC2086
   domino train --target smollm2 --data $4 --features "$FEATURES" --init "from:$2" \
-    --draft-vocab-size 8192 --out "$1" --max-steps 3000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-    "$BF16" --group-by-length --seed "$3" --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+    --draft_vocab_size 8192 --out "$1" --max_steps 3000 --batch_size 8 --num_anchors 32 --lr 3e-4 \
+    "$BF16" --group_by_length --seed "$3" --save_steps 500 --logging_steps 50 "${PROBE[@]}" --resume
 }
 
 # Stage 1 (≈ 2 CPU-hours): 2-layer backbone, block 4, GRU 256 / rank 256, 8192-token sub-vocabulary, teacher
@@ -34,8 +34,8 @@ FEATURES1="$CACHE/features/smollm2-regen-l1-14-27"
 RUN1="$CACHE/runs/smollm2-domino-b4"
 domino features --target smollm2 --data "$DATA1" --config "$CONFIG" --out "$FEATURES1"
 domino train --target smollm2 --data "$DATA1" --features "$FEATURES1" --config "$CONFIG" \
-  --draft-vocab-size 8192 --out "$RUN1" --max-steps 5500 --batch-size 8 --num-anchors 32 --lr 1e-3 \
-  --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+  --draft_vocab_size 8192 --out "$RUN1" --max_steps 5500 --batch_size 8 --num_anchors 32 --lr 1e-3 \
+  --save_steps 500 --logging_steps 50 "${PROBE[@]}" --resume
 # Stage 1's draft as it shipped (fp16 weights): stage 2 starts from it.
 STAGE1="$CACHE/exports/smollm2-domino-stage1"
 export_stage "$RUN1" "$STAGE1"
@@ -56,8 +56,8 @@ for pass in 1 2; do
   RUN2="$CACHE/runs/smollm2-domino-b4-stage2-pass$pass"
   # shellcheck disable=SC2086
   domino train --target smollm2 --data $DATA2 --features "$FEATURES" --init "$INIT" \
-    --draft-vocab-size 8192 --out "$RUN2" --max-steps 2000 --batch-size 8 --num-anchors 32 --lr 3e-4 \
-    "$BF16" --group-by-length --seed $((pass - 1)) --save-steps 500 --logging-steps 50 "${PROBE[@]}" --resume
+    --draft_vocab_size 8192 --out "$RUN2" --max_steps 2000 --batch_size 8 --num_anchors 32 --lr 3e-4 \
+    "$BF16" --group_by_length --seed $((pass - 1)) --save_steps 500 --logging_steps 50 "${PROBE[@]}" --resume
   INIT="from:$RUN2/final"
 done
 STAGE2="$CACHE/exports/smollm2-domino-stage2"

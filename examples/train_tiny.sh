@@ -4,7 +4,7 @@
 #   → domino export → greedy generate with and without the draft (identical ids), τ and the final losses.
 # It is also the smoke test of the `domino` CLI (tests/test_examples.py runs it).
 #   bash examples/train_tiny.sh [OUT]   (default runs/tiny, relative to the current directory)
-#   TINY_TARGET=--gemma3 DRAFT_ARGS="--draft-vocab-size 128" EXPORT_ARGS="--dtype bfloat16" \
+#   TINY_TARGET=--gemma3 DRAFT_ARGS="--draft_vocab_size 128" EXPORT_ARGS="--dtype bfloat16" \
 #     bash examples/train_tiny.sh runs/tiny-gemma3
 #     the hard case: a Gemma-3-style base model (262k vocabulary, sliding window, no chat template) whose hidden
 #     states exceed float16's range (so the draft is exported in bfloat16: a float16 draft cannot read them).
@@ -42,11 +42,11 @@ with open(sys.argv[1], "w") as f:
 EOF
 
 # The draft (1 layer, block 4) and the training arguments shared by both runs: a few dozen fast steps.
-SIZE=(--target "$OUT/target" --data "$OUT/data.jsonl" --num-layers 1 --block-size 4 "${DRAFT_ARGS[@]}")
-TRAIN=("${SIZE[@]}" --max-steps "$STEPS" --lr 3e-3 --logging-steps 10 --save-steps 1000)
+SIZE=(--target "$OUT/target" --data "$OUT/data.jsonl" --num_layers 1 --block_size 4 "${DRAFT_ARGS[@]}")
+TRAIN=("${SIZE[@]}" --max_steps "$STEPS" --lr 3e-3 --logging_steps 10 --save_steps 1000)
 
 step "domino regen: the target answers the prompts (greedy, 32 tokens)"
-domino regen --target "$OUT/target" --prompts "$OUT/prompts.jsonl" --out "$OUT/data.jsonl" --max-new-tokens 32
+domino regen --target "$OUT/target" --prompts "$OUT/prompts.jsonl" --out "$OUT/data.jsonl" --max_new_tokens 32
 
 step "domino train ($STEPS steps, target forward every step)"
 domino train "${TRAIN[@]}" --out "$OUT/run"

@@ -421,7 +421,7 @@ class DominoDraftModel(DominoPreTrainedModel):
 
     def push_to_hub(self, repo_id, *args, **kwargs):
         """🤗's upload (weights, config, generation config and remote code, through `save_pretrained`), tagged as
-        a Domino draft. domino-hf's `push_draft(draft, repo_id)` (or `domino export --push-to-hub`) uploads the
+        a Domino draft. domino-hf's `push_draft(draft, repo_id)` (or `domino export --push_to_hub`) uploads the
         same folder with the Domino model card instead of 🤗's generic one."""
         kwargs["tags"] = [*(kwargs.get("tags") or []), "speculative-decoding", "draft-model", "domino"]
         return super().push_to_hub(repo_id, *args, **kwargs)

@@ -361,7 +361,7 @@ def test_cli_chat_template(tmp_path, tiny_tokenizer, caplog):
     assert len({tuple(ids) for ids in built.values()}) == 3
     with caplog.at_level(logging.ERROR):
         assert bench_cli.run(_parse(["--methods", "autoregressive", "--chat-template", "nope.jinja"])) == 2
-    assert "--chat-template nope.jinja: no such file" in caplog.text
+    assert "--chat_template nope.jinja: no such file" in caplog.text
 
 
 def test_humaneval_pass1_end_to_end(tiny_tokenizer):
@@ -483,17 +483,17 @@ def test_cli_batch_size_refuses_what_is_not_a_positive_integer(value, capsys):
         _parse([f"--batch-size={value}"])
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "argument --batch-size:" in line and "is not a batch size: give positive integers, e.g. 1,2,4,8" in line
+    assert "argument --batch_size:" in line and "is not a batch size: give positive integers, e.g. 1,2,4,8" in line
 
 
 def test_batch_sizes_checked_for_library_callers():
     """A `BenchRequest` built without argparse gets the same check, and batches do not chain a suite's turns."""
     assert pipeline.check_batch_sizes([4, 1, 2, 2]) == [1, 2, 4]
     for bad in ([0], [], [2, -1], [1.5], [True]):
-        with pytest.raises(pipeline.UsageError, match="--batch-size: batch sizes are positive integers"):
+        with pytest.raises(pipeline.UsageError, match="--batch_size: batch sizes are positive integers"):
             pipeline.check_batch_sizes(bad)
     assert pipeline.check_batch_sizes([1], "repeated") == [1]
-    with pytest.raises(pipeline.UsageError, match="--batch-size with --suite repeated"):
+    with pytest.raises(pipeline.UsageError, match="--batch_size with --suite repeated"):
         pipeline.check_batch_sizes([1, 2], "repeated")
 
 

@@ -222,13 +222,14 @@ def _git(cwd, *args):
                         "GIT_COMMITTER_EMAIL": "t@t", "PATH": "/usr/bin:/bin"})
 
 
-def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, caplog):
+def test_bench_refuses_to_overwrite_a_report(tmp_path, monkeypatch, caplog):
+    """A committed report, or an earlier run's, is replaced only with --overwrite_output_dir; another stem writes."""
     from domino_hf.bench import pipeline
 
     report = tmp_path / "docs" / "bench"
     report.mkdir(parents=True)
     (report / "bench.json").write_text("{}")
-    (report / "bench_T1.json").write_text("{}")  # present but not committed: may be replaced
+    (report / "bench_T1.json").write_text("{}")  # present but not committed: an earlier run's
     _git(tmp_path, "init", "-q")
     _git(tmp_path, "add", "docs/bench/bench.json")
     _git(tmp_path, "commit", "-qm", "report")
@@ -240,12 +241,17 @@ def test_bench_refuses_to_overwrite_a_committed_report(tmp_path, monkeypatch, ca
     monkeypatch.chdir(tmp_path)
     argv = ["bench", "--methods", "autoregressive", "--out", "docs/bench"]
     assert main(argv) == 2
-    assert "--out docs/bench: bench.json is tracked by git (a committed report)" in caplog.text
+    assert "--out docs/bench: bench.json is already there, tracked by git (a committed report)" in caplog.text
     assert "--overwrite_output_dir" in caplog.text and "target load reached" not in caplog.text
     caplog.clear()
     assert main(argv + ["--overwrite_output_dir"]) == 2 and "target load reached" in caplog.text
     caplog.clear()
-    assert main(argv + ["--temperature", "1"]) == 2 and "target load reached" in caplog.text  # untracked stem
+    assert main(argv + ["--temperature", "1"]) == 2 and "target load reached" not in caplog.text
+    assert "bench_T1.json is already there, from an earlier run" in caplog.text
+    caplog.clear()
+    assert main(argv + ["--overwrite-output-dir", "--temperature", "1"]) == 2 and "target load reached" in caplog.text
+    caplog.clear()
+    assert main(argv + ["--name", "other"]) == 2 and "target load reached" in caplog.text  # nothing there yet
     assert _parse(["bench"]).out == "runs/bench"  # the default never points at the committed docs/bench
 
 
@@ -294,7 +300,7 @@ def test_help_works_on_an_unsupported_transformers():
     helps = {command: (code, out) for command, code, out in map(json.loads, result.stdout.splitlines())}
     assert list(helps) == list(SUBCOMMANDS), result.stderr[-2000:]
     for command, (code, out) in helps.items():
-        assert code == 0 and "--log-level" not in out, (command, out[-500:])
+        assert code == 0 and "--log_level" not in out, (command, out[-500:])
         assert f"usage: domino {command}" in out
 
 
@@ -318,3 +324,101 @@ def test_lm_eval_on_an_unsupported_transformers_says_the_range_in_one_line():
     assert "EXIT 2" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
     lines = [line for line in result.stderr.strip().splitlines() if line.startswith("domino")]
     assert len(lines) == 1 and lines[0].startswith("domino lm-eval: Domino drafts support transformers"), lines
+
+
+# ------------------------------------------------------------------------------------------ one spelling convention
+def _own_options(parser: argparse.ArgumentParser) -> set[str]:
+    return {s for action in parser._actions for s in action.option_strings}
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_help_spells_every_option_one_way_and_names_only_its_own(command):
+    """Help lists options with underscores (the 🤗 Trainer scripts' spelling) and mentions no option the command
+    lacks (another command's options appear only inside a quoted `domino …` command line)."""
+    import re
+
+    parser = _subparser(command)
+    text = parser.format_help()
+    assert re.findall(r"(?<![\w-])--[a-z0-9]+(?:-[a-z0-9]+)+", text) == [], command
+    listed = {s for a in parser._actions if a.help != argparse.SUPPRESS for s in a.option_strings}
+    assert all("-" not in s[2:] for s in listed if s.startswith("--")), command
+    assert "also answers to its name with dashes for underscores" in text
+    outside_quoted_commands = re.sub(r"`(domino|python|accelerate|pip)[^`]*`", "", text)
+    mentioned = set(re.findall(r"(?<![\w-])--[a-z0-9_]+", outside_quoted_commands))
+    assert mentioned <= _own_options(parser), (command, mentioned - _own_options(parser))
+    top = build_parser().format_help()
+    assert "--log_level" in top and "--log-level" not in top
+
+
+@pytest.mark.parametrize("command", list(SUBCOMMANDS))
+def test_every_option_answers_to_its_dashed_spelling(command):
+    parser = _subparser(command)
+    for option in _own_options(parser):
+        if option.startswith("--") and "_" in option:
+            dashed = option.replace("_", "-")
+            if dashed in _own_options(parser):  # export's earlier `--push-to-hub [REPO_ID]`, declared on its own
+                continue
+            assert parser._declared_spelling(dashed) == option and parser._declared_spelling(f"{dashed}=7") == \
+                f"{option}=7"
+
+
+SPELLINGS = [  # (argv with underscores, the same with dashes)
+    (["bench", "--num_prompts", "3", "--max_new_tokens=9", "--no_profile", "--overwrite_output_dir"],
+     ["bench", "--num-prompts", "3", "--max-new-tokens=9", "--no-profile", "--overwrite-output-dir"]),
+    (["train", "--data", "d", "--out", "o", "--max_steps", "2", "--draft_vocab_size", "0", "--no_bf16",
+      "--resume_from_checkpoint", "o/checkpoint-4"],
+     ["train", "--data", "d", "--out", "o", "--max-steps", "2", "--draft-vocab-size", "0", "--no-bf16",
+      "--resume", "o/checkpoint-4"]),
+    (["regen", "--out", "o", "--max_prompt_tokens", "5", "--trust_remote_code", "--request_timeout", "3"],
+     ["regen", "--out", "o", "--max-prompt-tokens", "5", "--trust-remote-code", "--request-timeout", "3"]),
+    (["export", "run", "--out", "x", "--base_model", "a/b", "--published_dialect"],
+     ["export", "run", "--out", "x", "--base-model", "a/b", "--published-dialect"]),
+]
+
+
+@pytest.mark.parametrize("underscores, dashes", SPELLINGS)
+def test_both_spellings_parse_to_the_same_values(underscores, dashes):
+    assert vars(_parse(underscores)) == vars(_parse(dashes))
+    assert build_parser().parse_args(["--log-level", "debug"]).log_level == "debug"
+
+
+def test_train_resumes_through_one_option():
+    parser = _subparser("train")
+    resume = [a for a in parser._actions if a.dest == "resume"]
+    assert len(resume) == 1 and resume[0].option_strings == ["--resume_from_checkpoint", "--resume"]
+    assert _parse(["train", "--data", "d", "--out", "o", "--resume"]).resume is True
+    assert _parse(["train", "--data", "d", "--out", "o", "--resume", "o/checkpoint-2"]).resume == "o/checkpoint-2"
+
+
+def test_export_pushes_through_one_option(tmp_path, caplog):
+    """`--push_to_hub` (a flag) with `--hub_model_id`; the earlier `--push-to-hub REPO_ID` still means both, and
+    naming two repos is a one-line error before anything loads."""
+    assert "--push-to-hub" not in _subparser("export").format_help()
+    flag = _parse(["export", "run", "--out", "x", "--push-to-hub"])
+    assert flag.push_repo is True  # no repo named: as --push_to_hub
+    argv = ["export", str(tmp_path / "no-run"), "--out", str(tmp_path / "x"), "--push-to-hub", "me/a",
+            "--hub_model_id", "me/b"]
+    assert main(argv) == 2
+    assert "--push-to-hub me/a and --hub_model_id me/b name two repos" in caplog.text
+
+
+LM_EVAL_MISSING = (
+    "import contextlib, io, sys\n"
+    "sys.modules['lm_eval'] = None  # `import lm_eval` raises ImportError: the [eval] extra is not installed\n"
+    "from domino_hf.cli import main\n"
+    "for argv in (['lm-eval', '--help'], ['lm-eval', '--model', 'domino']):\n"
+    "    out, err = io.StringIO(), io.StringIO()\n"
+    "    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):\n"
+    "        code = main(argv)\n"
+    "    print(repr((code, out.getvalue(), err.getvalue())))\n"
+)
+
+
+def test_lm_eval_help_works_without_lm_eval():
+    import ast
+
+    result = subprocess.run([sys.executable, "-c", LM_EVAL_MISSING], capture_output=True, text=True, timeout=300)
+    (help_code, help_out, _), (run_code, _, run_err) = map(ast.literal_eval, result.stdout.splitlines())
+    assert help_code == 0 and "usage: domino lm-eval" in help_out, result.stderr[-2000:]
+    assert "pip install 'domino-hf[eval]'" in help_out
+    assert run_code == 2 and "domino lm-eval: " in run_err and "pip install 'domino-hf[eval]'" in run_err

@@ -195,7 +195,7 @@ def test_chat_template_none_path_and_auto_fallback_logged_once(tmp_path, caplog)
     template = tmp_path / "t.jinja"
     template.write_text("{% for m in messages %}w7 {{ m['content'] }}{% endfor %}")
     assert chat.decode(chat_input_ids(chat, ["w1"], chat_template=str(template))) == "w7 w1"
-    with pytest.raises(FileNotFoundError, match="--chat-template .*missing.jinja: no such file; pass `auto`"):
+    with pytest.raises(FileNotFoundError, match="--chat_template .*missing.jinja: no such file; pass `auto`"):
         chat_input_ids(chat, ["w1"], chat_template=str(tmp_path / "missing.jinja"))
     base = make_tiny_tokenizer(chat_template=None)
     base.name_or_path = "base-model-for-this-test"

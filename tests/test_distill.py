@@ -178,9 +178,9 @@ def test_features_with_and_without_topk_round_trip(target, dataset, tmp_path):
         assert torch.equal(ids.long(), expected_ids)
         torch.testing.assert_close(logp.float(), expected_logp, rtol=1e-3, atol=1e-2)
     without.require_topk(0)  # `--loss ce` reads a folder without top-k as before
-    with pytest.raises(ValueError, match=r"holds no target top-k .* `domino features … --kl-topk 4`"):
+    with pytest.raises(ValueError, match=r"holds no target top-k .* `domino features … --kl_topk 4`"):
         RegenDataset(examples=list(dataset.examples)).use_features(without, kl_topk=4)
-    with pytest.raises(ValueError, match=r"top-6 only.*pass --kl-topk 6 or lower"):
+    with pytest.raises(ValueError, match=r"top-6 only.*pass --kl_topk 6 or lower"):
         with_topk.require_topk(8)
 
 
@@ -194,7 +194,7 @@ def test_an_older_folder_resumes_and_names_the_kl_topk_it_was_extracted_with(tar
     (folder / "shard-0000004.safetensors").unlink()
     extract_features(target, dataset, [0, 2], folder, shard_size=4)  # resumes: no error, the shard is back
     assert FeatureStore(folder).available() == len(dataset)
-    with pytest.raises(ValueError, match="holds features with --kl-topk 0, not 4: pass --kl-topk 0 to resume"):
+    with pytest.raises(ValueError, match="holds features with --kl_topk 0, not 4: pass --kl_topk 0 to resume"):
         extract_features(target, dataset, [0, 2], folder, shard_size=4, kl_topk=4)
 
 
@@ -228,9 +228,9 @@ def test_cli_kl_on_features_without_topk_fails_before_loading_the_target(target,
     argv = ["train", "--target", "no/such-target-is-loaded", "--data", str(data), "--out", str(tmp_path / "run")]
     assert main(argv + ["--features", str(tmp_path / "f"), "--loss", "kl"]) == 2
     assert f"--features {tmp_path / 'f'} holds no target top-k" in caplog.text
-    assert "`domino features … --kl-topk 32`" in caplog.text
+    assert "`domino features … --kl_topk 32`" in caplog.text
     assert main(argv + ["--loss", "kl", "--kl-topk", "0"]) == 2
-    assert "--kl-topk must be >= 1" in caplog.text
+    assert "--kl_topk must be >= 1" in caplog.text
 
 
 def test_cli_features_with_topk_then_kl_training(target, tmp_path, monkeypatch, caplog):

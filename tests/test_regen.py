@@ -111,7 +111,7 @@ def test_min_prompt_tokens_adds_the_long_prompts_a_capped_run_left_out(tiny_llam
                        min_prompt_tokens=21)
     assert (fresh["written"], fresh["skipped_too_short"]) == (2, 3)
     assert sorted(r["id"] for r in _rows(out)) == ["long0", "long1", "p0", "p1", "p2"]
-    with pytest.raises(ValueError, match="--min-prompt-tokens 30 is over --max-prompt-tokens 20"):
+    with pytest.raises(ValueError, match="--min_prompt_tokens 30 is over --max_prompt_tokens 20"):
         regenerate(model, tokenizer, prompts, tmp_path / "bad" / "x.jsonl", max_prompt_tokens=20, min_prompt_tokens=30)
     assert not (tmp_path / "bad").exists()  # refused before anything was written
 
@@ -142,7 +142,7 @@ def test_cli_help_and_run(tiny_llama, tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):
         parser.parse_args(["regen", "--help"])
     help_text = capsys.readouterr().out
-    for flag in ("--target", "--prompts", "--out", "--batch-size", "--max-new-tokens", "--max-prompt-tokens",
+    for flag in ("--target", "--prompts", "--out", "--batch_size", "--max_new_tokens", "--max_prompt_tokens",
                  "--temperature", "--limit", "--dtype"):
         assert flag in help_text
 

@@ -29,7 +29,7 @@ def writer(tiny_llama):
 def test_the_prefix_opens_the_user_turn(tiny_tokenizer):
     assert user_turn_prefix(tiny_tokenizer) == "<|im_start|>user "
     assert user_turn_prefix(tiny_tokenizer, system="w1 w2") == "<|im_start|>system w1 w2<|im_end|> <|im_start|>user "
-    with pytest.raises(ValueError, match="need a chat template.*--chat-template FILE"):
+    with pytest.raises(ValueError, match="need a chat template.*--chat_template FILE"):
         user_turn_prefix(make_tiny_tokenizer(chat_template=None))
 
 

@@ -122,7 +122,7 @@ def test_source_answers_train_on_the_targets_next_token_at_the_first_slot(tiny_l
     dataset.use_features(FeatureStore(tmp_path / "f", draft.config.target_layer_ids), kl_topk=2)
     assert torch.equal(trainer.data_collator([dataset[i] for i in range(3)])["target_top1"], cached["target_top1"])
     extract_features(model, dataset, list(draft.config.target_layer_ids), tmp_path / "plain")
-    with pytest.raises(ValueError, match="--kl-topk"):  # features without the target's top-k cannot label them
+    with pytest.raises(ValueError, match="--kl_topk"):  # features without the target's top-k cannot label them
         dataset.use_features(FeatureStore(tmp_path / "plain", draft.config.target_layer_ids))
 
     monkeypatch.setattr(domino_hf.targets, "load_target", lambda *a, **k: (model, tokenizer))

@@ -365,7 +365,7 @@ def test_cli_bf16_trains_in_mixed_precision_on_the_cpu(target, tmp_path, monkeyp
     argv = ["train", "--target", "tiny", "--data", str(data), "--num-layers", "1", "--block-size", "4",
             "--num-anchors", "4", "--max-steps", "3", "--save-steps", "3", "--out", str(tmp_path / "run")]
     assert main([*argv, "--bf16"]) == 0
-    assert "--bf16 on a CPU without native bf16" in caplog.text and "--no-bf16" in caplog.text
+    assert "--bf16 on a CPU without native bf16" in caplog.text and "--no_bf16" in caplog.text
     args = torch.load(tmp_path / "run" / "checkpoint-3" / "training_args.bin", weights_only=False)
     assert args.bf16 and args.use_cpu  # autocast on the CPU; the weights stay fp32
     weights = load_file(tmp_path / "run" / "final" / "model.safetensors")
@@ -498,7 +498,7 @@ def test_layers_added_to_a_continued_draft_can_train_at_a_larger_rate(target, tm
     assert main([*argv, "--new-layer-lr-scale", "10", "--out", str(tmp_path / "fresh")]) == 2
     assert main([*argv, *from_shallow, "--new-layer-lr-scale", "0", "--out", str(tmp_path / "zero")]) == 2
     assert main([*argv, *from_shallow[:2], "--new-layer-lr-scale", "10", "--out", str(tmp_path / "same")]) == 2
-    assert caplog.text.count("applies only to the layers --num-layers adds") == 3 and "adds none" in caplog.text
+    assert caplog.text.count("applies only to the layers --num_layers adds") == 3 and "adds none" in caplog.text
     assert not any((tmp_path / name).exists() for name in ("fresh", "zero", "same"))
 
 
@@ -533,7 +533,7 @@ def test_feature_noise_perturbs_training_only_and_bad_regularisers_are_refused(t
     argv = ["train", "--target", "tiny", "--data", str(data), "--max-steps", "1"]
     assert main([*argv, "--weight-decay", "-1", "--out", str(tmp_path / "wd")]) == 2
     assert main([*argv, "--feature-noise", "-0.1", "--out", str(tmp_path / "fn")]) == 2
-    assert caplog.text.count("--weight-decay, --feature-noise") == 2
+    assert caplog.text.count("--weight_decay, --feature_noise") == 2
     assert not (tmp_path / "wd").exists() and not (tmp_path / "fn").exists()
 
 
@@ -550,4 +550,4 @@ def test_a_sub_vocabulary_smaller_than_asked_is_said(target, tmp_path, monkeypat
                  "--out", str(tmp_path / "run")]) == 0
     size = DominoDraftModel.from_pretrained(tmp_path / "run" / "final").config.draft_vocab_size
     assert size < 1000
-    assert f"--draft-vocab-size 1000: the draft's sub-vocabulary has only {size} tokens" in caplog.text
+    assert f"--draft_vocab_size 1000: the draft's sub-vocabulary has only {size} tokens" in caplog.text

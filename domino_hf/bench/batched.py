@@ -1,4 +1,4 @@
-"""`domino bench --batch-size`: the prompts decoded in left-padded batches, every method that decodes a batch
+"""`domino bench --batch_size`: the prompts decoded in left-padded batches, every method that decodes a batch
 interleaved batch by batch on the same target, and per batch size B the throughput, the latency a row sees, τ,
 the speedups and a lossless check against plain batched decoding (the result's `batch` section, `report.py`).
 
@@ -35,7 +35,7 @@ What is measured, per batch (one `generate` call over its rows):
   spans, the policy, rows leaving, whole-batch criteria) and `other` (what the draft does not time: the call's
   set-up and return, and everything of a method whose draft times nothing, such as plain decoding).
 
-B = 1 is the single-sequence benchmark (`runner.run_benchmark`, the run without `--batch-size`, unchanged): its
+B = 1 is the single-sequence benchmark (`runner.run_benchmark`, the run without `--batch_size`, unchanged): its
 entry here is computed from those runs with the same formulas, its decode time being the streamer's (the first
 generated chunk to the last) and its lossless check the single-sequence one.
 """

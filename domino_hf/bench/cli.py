@@ -11,7 +11,14 @@ from __future__ import annotations
 import argparse
 import logging
 
-from ..cli_common import RawDescriptionHelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
+from ..cli_common import (
+    BooleanFlag,
+    RawDescriptionHelpFormatter,
+    add_command,
+    add_chat_template_argument,
+    add_target_arguments,
+    target_kwargs,
+)
 from ..benchmark_sets import SUITES
 from ..dtypes import DTYPE_NAMES
 
@@ -31,7 +38,7 @@ All methods run in one process on the same loaded target, interleaved prompt by 
                   paused where it does not pay (the draft's `draft_backoff`); without the cross-request store
                   (`use_suffix_cache=False`, as every method but domino_cache)
   domino_tree     `domino` verifying a draft tree per step (`use_draft_tree=True`; one prompt at a time:
-                  n/a at --batch-size B > 1, where a batch runs domino's chain)
+                  n/a at --batch_size B > 1, where a batch runs domino's chain)
   domino_cache    `domino` that also drafts from a cross-request store of earlier prompts and outputs (its
                   own `SuffixCache`, emptied after the warm-up); meant for --suite repeated
 
@@ -40,10 +47,14 @@ acceptance, the acceptance-length histogram, decode speedup vs autoregressive (p
 over prompts × repeats), end-to-end tokens/s, and a token-by-token lossless check of greedy outputs.
 With --profile (the default on CPU), each verify step's time split into target verify, draft backbone,
 base LM head, head rollout and loop overhead.
-With --batch-size, the prompts are also decoded in left-padded batches of each size (methods that take a
+With --batch_size, the prompts are decoded in left-padded batches of each size listed (methods that take a
 batch only), and the report adds per batch size: tokens/s, per-row latency, τ per row-verify, speedups against plain
-batched decoding, a lossless check of every row, and a throughput plot.
-Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables.
+batched decoding, a lossless check of every row, and a throughput plot. 1 in the list is the one-prompt-per-call
+benchmark above: --batch_size 1,4 gives both, --batch_size 4 the batches alone.
+A report gives a rough estimate, and says so, below 10 prompts or 64 new tokens a prompt; with --repeats 2 or more
+it gives each speedup's range over the repeats.
+Writes <out>/<name>.json, <name>.md and <name>_*.png, and prints the tables; an existing report there is replaced
+only with --overwrite_output_dir.
 
 --suite repeated measures workloads that repeat themselves, where `domino_cache` has something to find: an
 evaluation run (one few-shot preamble, 20 questions), refinement loops ("improve your answer") and edit loops
@@ -54,14 +65,14 @@ drafted from the store and its size and cost (lookup, add, per step). One-off pr
 EPILOG = """\
 examples (D: a Domino draft folder or Hub id; in a domino-hf checkout drafts/smollm2-135m-instruct-domino):
   domino bench --draft D                              # 10 HumanEval + 10 MT-Bench prompts, greedy
-  domino bench --draft D --prompts alpaca,qa --num-prompts 10 --repeats 3
+  domino bench --draft D --prompts alpaca,qa --num_prompts 10 --repeats 3
   domino bench --draft D --temperature 1.0 --seed 0   # sampling (lossless check n/a)
   domino bench --draft me/smollm2-domino --methods autoregressive,domino
   domino bench --methods autoregressive,prompt_lookup --prompts my_prompts.jsonl --out runs/today
-  domino bench --draft D --humaneval-pass1 --pass1-samples 5   # + HumanEval pass@1 at T>0 (slow)
+  domino bench --draft D --humaneval_pass1 --pass1_samples 5   # + HumanEval pass@1 at T>0 (slow)
   domino bench --draft D --suite repeated             # repeated_eval, refine_loop, edit_loop, chained turns
   domino bench --draft D --suite repeated --prompts refine_loop,mt_bench --temperature 0.7
-  domino bench --draft D --batch-size 1,2,4,8          # + left-padded batches: throughput, latency, τ per B
+  domino bench --draft D --batch_size 1,2,4,8          # + left-padded batches: throughput, latency, τ per B
 
 prompt sets: humaneval, mt_bench (first turn; every turn with --suite repeated), alpaca, sum, qa, copy_heavy,
 translation, rag_qa, math_word, long_qa, long_sum, long_chat, repeated_eval, refine_loop, edit_loop, sharegpt,
@@ -73,7 +84,7 @@ def _csv(value: str) -> list[str]:
 
 
 def _batch_sizes(value: str) -> list[int]:
-    """`--batch-size 1,2,4,8`: positive integers, ascending and once each; anything else is a one-line error."""
+    """`--batch_size 1,2,4,8`: positive integers, ascending and once each; anything else is a one-line error."""
     sizes = []
     for item in value.split(","):
         item = item.strip()
@@ -96,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "domino-hf's sources is drafts/smollm2-135m-instruct-domino)",
     )
     models.add_argument(
-        "--confidence-threshold",
+        "--confidence_threshold",
         metavar="P",
         type=float,
         default=None,
@@ -104,7 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "block) for the dflash and domino methods (default: the draft's own setting)",
     )
     models.add_argument(
-        "--max-draft-tokens",
+        "--max_draft_tokens",
         metavar="K",
         type=int,
         default=None,
@@ -123,7 +134,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="dtype of the target (and assistant); greedy identity needs float32 on CPU (default: %(default)s)",
     )
     models.add_argument(
-        "--draft-dtype",
+        "--draft_dtype",
         default="auto",
         choices=("auto", *DTYPE_NAMES),
         help="dtype of the Domino draft. Drafting only proposes tokens, so a cheaper draft precision keeps the "
@@ -131,7 +142,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "amx_bf16), else the target's dtype (default: %(default)s)",
     )
     models.add_argument(
-        "--target-kernels",
+        "--target_kernels",
         default="auto",
         choices=("auto", "stock", "optimized"),
         help="matmul kernels of the target and draft for every method: `optimized` runs every nn.Linear on "
@@ -173,13 +184,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeated_eval,refine_loop,edit_loop)",
     )
     # Defaults sized so that plain `domino bench` (SmolLM2-135M, 4 methods) finishes in minutes on 2 CPU cores.
-    run.add_argument("--num-prompts", metavar="N", type=int, default=None,
+    run.add_argument("--num_prompts", metavar="N", type=int, default=None,
                      help="prompts (records) per set (default: 10; with --suite repeated: all)")
     run.add_argument(
-        "--max-new-tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
+        "--max_new_tokens", metavar="N", type=int, default=128, help="new tokens per prompt (default: %(default)s)"
     )
     run.add_argument(
-        "--batch-size",
+        "--batch_size",
         metavar="LIST",
         type=_batch_sizes,
         default="1",  # a string default goes through `type`: [1]
@@ -187,7 +198,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "left-padded batches of B by every method that takes a batch (plain decoding, its stock-kernel baseline, "
         "dflash, domino_no_lookup, domino, domino_cache; prompt_lookup, assisted and domino_tree are n/a), interleaved "
         "batch by batch, and the report adds tokens/s, per-row latency, τ, speedups and a lossless check per B, and a "
-        "throughput plot; 1 = one prompt per call, the benchmark as without this option (default: %(default)s)",
+        "throughput plot; 1 = one prompt per call, the benchmark as without this option, its tables only when 1 is "
+        "listed: 1,4 gives both, 4 the batches alone (default: %(default)s)",
     )
     run.add_argument(
         "--temperature",
@@ -218,7 +230,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="untimed runs per method before timing (default: %(default)s)",
     )
     run.add_argument(
-        "--prompt-lookup-tokens",
+        "--prompt_lookup_tokens",
         metavar="N",
         type=int,
         default=10,
@@ -230,7 +242,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="system prompt for the chat template (default: none)",
     )
-    add_chat_template_argument(run)  # the format the draft was trained on (`domino regen --chat-template`)
+    add_chat_template_argument(run)  # the format the draft was trained on (`domino regen --chat_template`)
     run.add_argument(
         "--threads",
         metavar="N",
@@ -242,7 +254,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     run.add_argument(
         "--profile",
-        action=argparse.BooleanOptionalAction,
+        action=BooleanFlag,
         default=None,
         help="per-step time split (target verify, backbone, LM head, head rollout, loop overhead) as a table and "
         "<name>_profile.png (default: on for CPU; off on CUDA, where it synchronises the device around every "
@@ -251,54 +263,55 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     task = parser.add_argument_group("HumanEval pass@1 at T > 0 (opt-in, slow)")
     task.add_argument(
-        "--humaneval-pass1",
+        "--humaneval_pass1",
         action="store_true",
         help="also compare pass@1 of autoregressive vs domino sampling, executing the samples",
     )
     task.add_argument(
-        "--pass1-problems",
+        "--pass1_problems",
         metavar="N",
         type=int,
         default=20,
         help="HumanEval problems (default: %(default)s)",
     )
     task.add_argument(
-        "--pass1-samples",
+        "--pass1_samples",
         metavar="N",
         type=int,
         default=5,
         help="samples per problem and method (default: %(default)s)",
     )
     task.add_argument(
-        "--pass1-temperature",
+        "--pass1_temperature",
         metavar="T",
         type=float,
         default=1.0,
         help="sampling temperature of the pass@1 check (default: %(default)s)",
     )
     task.add_argument(
-        "--pass1-max-new-tokens", metavar="N", type=int, default=256, help="tokens per sample (default: %(default)s)"
+        "--pass1_max_new_tokens", metavar="N", type=int, default=256, help="tokens per sample (default: %(default)s)"
     )
 
     out = parser.add_argument_group("output")
     out.add_argument("--out", "--output_dir", dest="out", metavar="DIR", default="runs/bench",
                      help="output folder (default: %(default)s)")
-    out.add_argument("--overwrite_output_dir", "--overwrite-output-dir", dest="overwrite_output_dir",
+    out.add_argument("--overwrite_output_dir", dest="overwrite_output_dir",
                      action="store_true",
-                     help="allow replacing a report that git tracks (e.g. the committed docs/bench)")
+                     help="replace the report <name>.json / <name>.md already in --out (an earlier run's, or the "
+                     "committed docs/bench); without it such a run is refused before anything loads")
     out.add_argument(
         "--name",
         metavar="STEM",
         default=None,
         help="file stem (default: `bench`, `repeated` with --suite repeated, + `_T<temperature>` when sampling)",
     )
-    out.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    out.add_argument("--no-progress", action="store_true", help="no progress bars")
+    out.add_argument("--no_plots", action="store_true", help="skip the PNG plots")
+    out.add_argument("--no_progress", action="store_true", help="no progress bars")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "bench",
+    parser = add_command(
+        subparsers, "bench",
         help="benchmark Domino against autoregressive, prompt lookup, assisted and DFlash decoding",
         description=DESCRIPTION,
         epilog=EPILOG,

@@ -107,13 +107,16 @@ def resolve_draft(draft: str | None, methods: list[str]) -> str:
     return str(Path(draft).expanduser()) if looks_local else draft
 
 
-def refuse_tracked_overwrite(out: Path, names: list[str], overwrite: bool) -> None:
-    """A report file that git tracks (the committed docs/bench) is replaced only with --overwrite_output_dir."""
-    tracked = [name for name in names if git_tracked(out / name)]
-    if tracked and not overwrite:
+def refuse_overwrite(out: Path, names: list[str], overwrite: bool) -> None:
+    """An existing report (any of `names` in `out`: an earlier run's, or the committed docs/bench) is replaced only
+    with --overwrite_output_dir, as the 🤗 Trainer scripts treat their --output_dir."""
+    existing = [name for name in names if (out / name).exists()]
+    if existing and not overwrite:
+        tracked = [name for name in existing if git_tracked(out / name)]
+        what = "tracked by git (a committed report)" if tracked else "from an earlier run"
         raise UsageError(
-            f"--out {out}: {', '.join(tracked)} is tracked by git (a committed report). Write elsewhere "
-            "(default runs/bench, or --name STEM) or pass --overwrite_output_dir to replace it."
+            f"--out {out}: {', '.join(existing)} is already there, {what}. Write elsewhere (--out DIR, or --name "
+            "STEM) or pass --overwrite_output_dir to replace it."
         )
 
 
@@ -179,14 +182,14 @@ def choose_methods(requested: list[str] | None, assistant: str | None, suite: st
 
 
 def check_batch_sizes(sizes, suite: str | None = None) -> list[int]:
-    """`--batch-size`'s sizes, ascending and once each; anything but positive integers, or a batch size above 1
+    """`--batch_size`'s sizes, ascending and once each; anything but positive integers, or a batch size above 1
     with a suite (its turns chain one conversation at a time), is a `UsageError`."""
     bad = [s for s in sizes if isinstance(s, bool) or not isinstance(s, int) or s < 1]
     if bad or not sizes:
-        raise UsageError(f"--batch-size: batch sizes are positive integers (e.g. 1,2,4,8), got {bad or 'none'}.")
+        raise UsageError(f"--batch_size: batch sizes are positive integers (e.g. 1,2,4,8), got {bad or 'none'}.")
     if suite and max(sizes) > 1:
-        raise UsageError(f"--batch-size with --suite {suite}: the suite chains each conversation's turns one call "
-                         "at a time; drop --batch-size, or benchmark batches on one-off prompts (no --suite).")
+        raise UsageError(f"--batch_size with --suite {suite}: the suite chains each conversation's turns one call "
+                         "at a time; drop --batch_size, or benchmark batches on one-off prompts (no --suite).")
     return sorted(set(sizes))
 
 
@@ -243,7 +246,7 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     except FileNotFoundError as err:
         raise UsageError(str(err)) from None
     stem = request.stem
-    refuse_tracked_overwrite(Path(request.out), [f"{stem}.json", f"{stem}.md"], request.overwrite_output_dir)
+    refuse_overwrite(Path(request.out), [f"{stem}.json", f"{stem}.md"], request.overwrite_output_dir)
     threads = request.threads or default_threads()  # after the argument checks: a usage error changes nothing
     torch.set_num_threads(threads)
     if request.dtype != "float32" and request.config.temperature <= 0:

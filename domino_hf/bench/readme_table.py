@@ -43,17 +43,17 @@ def command(config: dict) -> str:
         parts.append(f"--draft {config['draft']}")
     parts.append(f"--prompts {','.join(sets)}")
     if len(counts) == 1:
-        parts.append(f"--num-prompts {counts.pop()}")
-    parts += [f"--max-new-tokens {config['max_new_tokens']}", f"--methods {','.join(config['methods'])}"]
+        parts.append(f"--num_prompts {counts.pop()}")
+    parts += [f"--max_new_tokens {config['max_new_tokens']}", f"--methods {','.join(config['methods'])}"]
     if not config.get("greedy", True):
         parts.append(f"--temperature {config['temperature']}")
     if config.get("repeats", 1) != 1:
         parts.append(f"--repeats {config['repeats']}")
     parts.append(f"--dtype {config.get('dtype', 'float32')}")
     if config.get("draft_dtype"):
-        parts.append(f"--draft-dtype {config['draft_dtype']}")
+        parts.append(f"--draft_dtype {config['draft_dtype']}")
     if config.get("target_kernels"):
-        parts.append(f"--target-kernels {config['target_kernels']}")
+        parts.append(f"--target_kernels {config['target_kernels']}")
     return " ".join(parts)
 
 

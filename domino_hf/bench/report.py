@@ -18,14 +18,14 @@ JSON schema (top level):
   add_us_median, add_us_per_token, per_step_us}}}, the store at the end of each workload and its measured cost;
   `methods`: the same pooled over workloads (largest store, medians of the per-workload costs). The config then
   has `suite`, `reference_method`, `warmup_prompt` and `conversations`; `prompt_sets` counts turns.
-* `batch` (with `--batch-size` other than 1; `batched.py`): `config`: {sizes, order, pad_token_id, padding_side,
+* `batch` (with `--batch_size` other than 1; `batched.py`): `config`: {sizes, order, pad_token_id, padding_side,
   batches (per size)}; `sizes`: {B: {method: {supported, tau, tokens_per_s, tokens_per_s_e2e, row_ms_per_token,
   speedup, speedup_vs_stock, lossless, mismatched_rows, prefill_ms, new_tokens, row_steps, forwards, num_batches,
   num_rows, step_sources, profile: {step_ms, verify_ms, draft_ms, rows_ms, other_ms} (ms per batch step; plain
   decoding step_ms alone)}}}, a method that takes one sequence at a time being {supported: false, note} at B ≥ 2;
   `mismatches`: {method: [first rows that differ from plain batched decoding]}; `runs`: one entry per timed batch.
   B = 1 is the single-sequence run of the top level; without 1 among the sizes, `methods` and `runs` are empty.
-* `humaneval_pass1`: present with `--humaneval-pass1` (see `humaneval.py`).
+* `humaneval_pass1`: present with `--humaneval_pass1` (see `humaneval.py`).
 * `runs`: one entry per timed generate call (per-step accepted/drafted counts, timings, and `phase_ms`
   when profiling).
 """
@@ -37,7 +37,7 @@ import logging
 from pathlib import Path
 
 from .instrument import PHASES
-from .stats import AR_STOCK
+from .stats import AR_STOCK, repeat_spread
 
 logger = logging.getLogger(__name__)
 
@@ -66,9 +66,13 @@ def _shares(shares: dict | None, cache: bool = False) -> str:
     return " / ".join(f"{shares.get(name, 0.0):.0%}" for name in names)
 
 
-def methods_table(methods: dict) -> str:
+def methods_table(methods: dict, spread: dict | None = None) -> str:
+    """The headline table; `spread` ({method: (min, max)}, `stats.repeat_spread`) adds the speedup's range over
+    the repeats."""
+    spread = spread or {}
     vs_stock = any(m.get("speedup_vs_stock") is not None for m in methods.values())
-    header = ["method", "τ", "speedup", *(["vs stock transformers"] if vs_stock else [])]
+    header = ["method", "τ", "speedup", *(["speedup per repeat, min–max"] if spread else []),
+              *(["vs stock transformers"] if vs_stock else [])]
     sources = any(m.get("step_sources") for m in methods.values())
     cache = any((m.get("step_sources") or {}).get("cache") for m in methods.values())
     columns = "steps: lookup / cache / plain" if cache else "steps: lookup / plain"
@@ -78,6 +82,7 @@ def methods_table(methods: dict) -> str:
             name,
             _fmt(m["tau"]),
             _fmt(m["speedup"], "{:.2f}×"),
+            *([f"{spread[name][0]:.2f}–{spread[name][1]:.2f}×" if name in spread else "–"] if spread else []),
             *([_fmt(m.get("speedup_vs_stock"), "{:.2f}×")] if vs_stock else []),
             _fmt(m["decode_ms_per_token"], "{:.1f}"),
             _fmt(m["tokens_per_s"], "{:.1f}"),
@@ -154,9 +159,36 @@ CACHE_NOTE = (
 )
 
 
+# Below these a speedup is a rough estimate from a small sample, and the report says so.
+FEW_PROMPTS = 10
+FEW_TOKENS = 64
+
+
+def sample_note(config: dict, repeats_spread: bool) -> str | None:
+    """A caution under the headline when it comes from fewer than FEW_PROMPTS prompts or FEW_TOKENS new tokens a
+    prompt (what to raise for a headline, and --repeats for a spread when there is none); None otherwise."""
+    prompts = config.get("num_prompts") or sum(config.get("prompt_sets", {}).values())
+    small = [f"{prompts} prompt{'s' * (prompts != 1)}"] * (prompts < FEW_PROMPTS)
+    small += [f"{config['max_new_tokens']} new tokens a prompt"] * (config["max_new_tokens"] < FEW_TOKENS)
+    if not small:
+        return None
+    spread = "" if repeats_spread else ", and --repeats 3 or more for a spread over repeats"
+    return (f"**Small sample: {' and '.join(small)}.** These speedups are a rough estimate, not a headline: for one, "
+            f"run at least {FEW_PROMPTS} prompts (--num_prompts) of at least {FEW_TOKENS} new tokens "
+            f"(--max_new_tokens){spread}.")
+
+
+def warmup_text(config: dict) -> str:
+    """What ran before timing: `config.warmup` untimed calls per method ("" when the report does not record it)."""
+    warmup = config.get("warmup")
+    if warmup is None:
+        return ""
+    return "no warm-up" if warmup == 0 else f"{warmup} untimed warm-up call{'s' * (warmup != 1)} per method"
+
+
 BATCH_NOTE = (
     "The prompts, sorted by length (longest first), decoded in left-padded batches of B; at each B the methods run "
-    "interleaved batch by batch after a warm-up. tokens/s = the rows' generated tokens after the prefill (pads "
+    "interleaved batch by batch, {warmup}. tokens/s = the rows' generated tokens after the prefill (pads "
     "excluded) ÷ the batches' decode time (prefill excluded), pooled over batches; speedup = tokens/s ÷ plain batched "
     "decoding's at the same B on the same kernels; row ms/token = a batch's decode time ÷ a row's tokens, median over "
     "rows; τ = tokens per row-verify (bonus included); lossless = every row token-identical to plain batched decoding "
@@ -269,30 +301,38 @@ def markdown(result: dict) -> str:
     sets = ", ".join(f"{k} ({v})" for k, v in config["prompt_sets"].items())
     mode = "greedy" if config["greedy"] else f"sampling, T={config['temperature']}"
     title = "Repeated-workload benchmark" if config.get("suite") == "repeated" else "Speculative decoding benchmark"
+    warmup = warmup_text(config)
     parts = [
         f"# {title}",
         "",
         environment_line(config.get("environment")),
         "",
         f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
-        f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s), dtype "
-        f"{config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
+        f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s){', ' * bool(warmup)}{warmup}, "
+        f"dtype {config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
     ]
     kernels = f"(`{config.get('target_kernels', 'stock')}`)."
     hub_note = HUB_KERNELS_NOTE * bool(config.get("target_hub_kernels"))
-    if result["methods"]:  # empty when only batches ran (`--batch-size` without 1)
+    if result["methods"]:  # empty when only batches ran (`--batch_size` without 1)
+        spread = repeat_spread(result.get("runs") or [])
         parts += [
             "",
             "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
             "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
             f"{kernels}" + STOCK_NOTE * (AR_STOCK in result["methods"]) + hub_note,
             "",
-            methods_table(result["methods"]),
+            methods_table(result["methods"], spread),
         ]
+        caution = sample_note(config, bool(spread))
+        parts += ["", caution] if caution else []
+    elif result.get("batch"):
+        sizes = ",".join(str(size) for size in result["batch"]["sizes"])
+        parts += ["", f"Batches only (`--batch_size {sizes}`, without 1): no one-prompt-per-call table."]
     if config.get("suite") == "repeated":
+        stores = ("Warm-up on a prompt of no workload; every store emptied after it and before each workload."
+                  if config.get("warmup") != 0 else "No warm-up; every store emptied before each workload.")
         parts += ["", f"Turns run chained: each prompt holds the conversation so far with "
-                  f"`{config['reference_method']}`'s answers. Warm-up on a prompt of no workload; every store emptied "
-                  "after it and before each workload."]
+                  f"`{config['reference_method']}`'s answers. {stores}"]
     if result.get("by_set"):
         parts += ["", "## Per prompt set (speedup / τ)", "", by_set_table(result["by_set"])]
     if result.get("suffix_cache"):
@@ -311,7 +351,9 @@ def markdown(result: dict) -> str:
         parts += ["", "Per-step profile off (it synchronises CUDA); run with `--profile` for it."]
     if result.get("batch"):
         stock = any(AR_STOCK in block for block in result["batch"]["sizes"].values())
-        note = f"{BATCH_NOTE} Every method on the same target kernels {kernels}" + STOCK_NOTE * stock
+        note = BATCH_NOTE.format(warmup="with no warm-up" if config.get("warmup") == 0
+                                 else f"after {warmup or 'a warm-up'}")
+        note += f" Every method on the same target kernels {kernels}" + STOCK_NOTE * stock
         parts += ["", "## Batched decoding: throughput by batch size", "", note + hub_note * (not result["methods"]),
                   "", batch_table(result["batch"])]
         profile = batch_profile_table(result["batch"])

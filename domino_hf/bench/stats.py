@@ -23,7 +23,7 @@ from ..modeling.generation_domino import acceptance_length
 from .instrument import DRAFT_PHASES, PHASES, RunRecord
 
 AR = "autoregressive"
-# Plain decoding on stock transformers kernels, timed beside optimized-kernel runs (`--target-kernels optimized`):
+# Plain decoding on stock transformers kernels, timed beside optimized-kernel runs (`--target_kernels optimized`):
 # `speedup_vs_stock` is what a user switching from stock `generate` gains. Its tokens are not lossless-checked:
 # another kernel set may flip a near-tied argmax.
 AR_STOCK = "autoregressive_stock_kernels"
@@ -213,3 +213,23 @@ def summarize(runs: list[RunRecord], methods: list[str], greedy: bool, profile: 
         result["profile"] = {m: profile_method(by_method[m]) for m in methods if by_method.get(m)}
     result["mismatches"] = {m: found[:MAX_REPORTED_MISMATCHES] for m, found in mismatches.items()}
     return result
+
+
+def repeat_spread(runs: list[dict]) -> dict[str, tuple[float, float]]:
+    """Each method's speedup computed within each repeat (medians over that repeat's prompts, as the headline's),
+    lowest and highest: {method: (min, max)}. Empty with fewer than two repeats or no autoregressive runs. `runs`
+    are the report's JSON `runs` (`RunRecord.summary`)."""
+    ms: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for run in runs:
+        if run.get("decode_ms_per_token") is not None:
+            ms[(run["method"], run["repeat"])].append(run["decode_ms_per_token"])
+    repeats = sorted({repeat for _, repeat in ms})
+    baseline = {repeat: median(ms[(AR, repeat)]) for repeat in repeats if (AR, repeat) in ms}
+    if len(repeats) < 2 or not baseline:
+        return {}
+    spread = {}
+    for method in dict.fromkeys(name for name, _ in ms):
+        speedups = [baseline[r] / median(ms[(method, r)]) for r in repeats if r in baseline and (method, r) in ms]
+        if speedups:
+            spread[method] = (min(speedups), max(speedups))
+    return spread

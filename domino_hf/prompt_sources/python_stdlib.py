@@ -32,7 +32,7 @@ STDLIB_MODULES = (
     "uuid", "warnings", "wave", "weakref", "xml.dom.minidom", "xml.etree.ElementTree", "zipapp", "zoneinfo",
 )
 CODE_LANGUAGES = ("JavaScript", "TypeScript", "Go", "Rust", "Java", "C++", "C#", "Ruby")
-MAX_PASSAGE_CHARS = 1800  # ~450 SmolLM2 tokens: with its question, such a prompt needs --max-prompt-tokens 768
+MAX_PASSAGE_CHARS = 1800  # ~450 SmolLM2 tokens: with its question, such a prompt needs --max_prompt_tokens 768
 MAX_SOURCE_LINES = 60
 
 SPEC_TASKS = (

@@ -25,7 +25,7 @@ SUMMARY_TASKS = (
     "Here is a text:\n\n{doc}\n\nSummarize it in three bullet points.",
     "{doc}\n\nTL;DR?",
 )
-MIN_DOCUMENT_CHARS, MAX_DOCUMENT_CHARS = 1500, 6000  # ~350-1,400 SmolLM2 tokens: --max-prompt-tokens 2048
+MIN_DOCUMENT_CHARS, MAX_DOCUMENT_CHARS = 1500, 6000  # ~350-1,400 SmolLM2 tokens: --max_prompt_tokens 2048
 DOCUMENTS_PER_CONVERSATION = 2  # a conversation's replies are often one story's chapters
 _LIST_LINE = re.compile(r"\s*(?:[-*•|#]|\d+[.)]|[A-Ea-e][.)])\s")
 _APOLOGY = re.compile(r"^(?:I apologi[sz]e|I'm sorry|I am sorry)", re.IGNORECASE)

@@ -3,7 +3,7 @@
 With `--loss ce` (the default) draft token j of the anchor at a is trained by cross entropy on the token the
 target wrote there, x_{a+1+j} (its greedy answer). With `--loss kl` its label is the target's own next-token
 distribution at position a+j (`draft_label_positions`), truncated to the K most probable tokens
-(`--kl-topk`), and the loss is the KL divergence from it to the draft's distribution. Why it may help: a
+(`--kl_topk`), and the loss is the KL divergence from it to the draft's distribution. Why it may help: a
 greedy answer says which token wins, not by how much nor what comes second; the distribution also says where
 the target hesitates (a near-tie costs the draft little there), and it is what speculative sampling accepts
 against. Whether it helps is an ablation (`examples/ablate_smollm2.sh`, arm `kl`).
@@ -11,8 +11,8 @@ against. Whether it helps is an ablation (`examples/ablate_smollm2.sh`, arm `kl`
 The soft label, exactly (both sources below give the same, up to the float16 storage of the log-probs):
   1. the target's log-probabilities over its whole vocabulary (LM head, bias, soft-capping: `target_logits`);
   2. its K most probable tokens (`next_token_topk`);
-  3. those outside the draft's sub-vocabulary (`--draft-vocab-size`) dropped;
-  4. the rest renormalised at temperature T (`--kl-temperature`): p_i ∝ exp(log p_target,i / T). The top-K set
+  3. those outside the draft's sub-vocabulary (`--draft_vocab_size`) dropped;
+  4. the rest renormalised at temperature T (`--kl_temperature`): p_i ∝ exp(log p_target,i / T). The top-K set
      does not depend on T, so this is also the target's distribution at T, truncated and renormalised.
 Loss of a slot: T² · KL(p ‖ softmax(draft logits / T)), the draft's distribution over its whole (sub-)
 vocabulary; T² keeps the gradient scale of T = 1 (Hinton et al.'s distillation). A slot whose K tokens all lie
@@ -20,7 +20,7 @@ outside the draft vocabulary has no soft label and no loss (under `ce`, a label 
 
 Sources: without `--features`, the final hidden states of the target forward the trainer runs anyway, through
 the LM head at the label positions only (`block_soft_labels`); with `--features`, the top-K that
-`domino features --kl-topk K` stored for every response position (`topk_at`; storage in `features.py`).
+`domino features --kl_topk K` stored for every response position (`topk_at`; storage in `features.py`).
 """
 
 from __future__ import annotations

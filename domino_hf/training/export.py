@@ -161,7 +161,7 @@ def hub_base_model(config, base_model: str | None = None) -> str | None:
     if base_model is not None:
         if looks_like_local_path(base_model) or base_model.count("/") != 1 or Path(base_model).exists():
             raise ValueError(
-                f"--base-model {base_model}: not a Hub model id `owner/name` (omit it for a local target)."
+                f"--base_model {base_model}: not a Hub model id `owner/name` (omit it for a local target)."
             )
         return base_model
     name = config.target_name_or_path
@@ -260,7 +260,7 @@ def export_draft(source, out, dtype=None, repo_id=None, push=False, private=Fals
         problem = servable_problem(draft.config, draft.has_domino_head, format, dtype)
         if problem:
             raise ValueError(problem)
-    hub_base_model(draft.config, base_model)  # a bad --base-model fails before anything is written, too
+    hub_base_model(draft.config, base_model)  # a bad --base_model fails before anything is written, too
     out = Path(out)
     api = None
     if push:

@@ -4,18 +4,19 @@ command runs."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 from pathlib import Path
 
-from ..cli_common import HelpFormatter
+from ..cli_common import HelpFormatter, add_command
 from ..dtypes import DTYPE_NAMES
 
 logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "export",
+    parser = add_command(
+        subparsers, "export",
         help="Turn a training run into a Hub-ready draft repo (and push it).",
         description="Export a trained Domino draft (a run folder, checkpoint, or draft folder) as a Hub repo: "
         "config with auto_map, remote-code files, draft-only safetensors and a model card.",
@@ -45,15 +46,13 @@ def register(subparsers) -> None:
         help="Hub repo the card's snippet loads and --push_to_hub uploads to (default: the --out folder's name in "
              "your namespace).",
     )
-    hub.add_argument(
-        "--push-to-hub", dest="push_repo", metavar="REPO_ID", default=None,
-        help="Shorthand for --push_to_hub --hub_model_id REPO_ID.",
-    )
+    # The earlier spelling `--push-to-hub REPO_ID`, kept working: --push_to_hub --hub_model_id REPO_ID.
+    hub.add_argument("--push-to-hub", dest="push_repo", nargs="?", const=True, default=None, help=argparse.SUPPRESS)
     hub.add_argument(
         "--private", "--hub_private_repo", dest="private", action="store_true", help="Create the Hub repo as private.",
     )
     hub.add_argument(
-        "--base-model", "--base_model", dest="base_model", default=None, metavar="HUB_ID",
+        "--base_model", dest="base_model", default=None, metavar="HUB_ID",
         help="The card's `base_model`: the target's Hub id (default: the recorded target when it is a Hub id; a local "
              "path is never written).",
     )
@@ -81,10 +80,17 @@ def run(args) -> int:
     """Entry point of `domino export`; returns the exit code."""
     from .export import export_draft
 
+    repo_id = args.hub_model_id
+    if isinstance(args.push_repo, str):  # `--push-to-hub REPO_ID`
+        if repo_id and repo_id != args.push_repo:
+            logger.error("--push-to-hub %s and --hub_model_id %s name two repos: give one, as --push_to_hub "
+                         "--hub_model_id REPO_ID", args.push_repo, repo_id)
+            return 2
+        repo_id = args.push_repo
     measured, notes = (Path(text).read_text() if text and Path(text).exists() else text
                        for text in (args.measured, args.notes))
     try:
-        export_draft(args.source, args.out, dtype=args.dtype, repo_id=args.hub_model_id or args.push_repo,
+        export_draft(args.source, args.out, dtype=args.dtype, repo_id=repo_id,
                      push=bool(args.push_to_hub or args.push_repo), private=args.private,
                      format=args.format, measured=measured, notes=notes,
                      license=args.license, base_model=args.base_model, datasets=args.datasets)

@@ -13,7 +13,7 @@ three extra mantissa bits and stores a power-of-two scale per layer and example 
 `float32` is exact at twice the disk. Non-finite values are never written: extraction fails naming the
 example and the layer.
 
-Soft labels for `domino train --loss kl` (`--kl-topk K`, off by default): the target's K most probable next
+Soft labels for `domino train --loss kl` (`--kl_topk K`, off by default): the target's K most probable next
 tokens at every response position (prompt length … L-1, every position a label can be predicted from), as
 int32 ids (`k`) and float16 log-probs over its whole vocabulary (`p`): 6·K bytes a response token (192 B for
 K = 32, against 2·n_layers·H for the context features: 3,456 B for SmolLM2's three layers of 576). They cost
@@ -41,7 +41,7 @@ from .distill import next_token_topk
 logger = logging.getLogger(__name__)
 
 # features.json fields that a resumed extraction must repeat: how each is described, and its option
-_RESUMED_OPTIONS = {"dtype": ("stored as {}", "--store"), "kl_topk": ("with --kl-topk {}", "--kl-topk")}
+_RESUMED_OPTIONS = {"dtype": ("stored as {}", "--store"), "kl_topk": ("with --kl_topk {}", "--kl_topk")}
 _FP16_TOP = 2.0**14  # float16-scaled: each layer's largest |value| is scaled into [2^13, 2^14], far below 65504
 
 
@@ -106,7 +106,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     if store not in STORES:
         raise ValueError(f"unknown feature storage {store!r}: choose one of {', '.join(STORES)}")
     if kl_topk < 0:
-        raise ValueError(f"--kl-topk must be >= 0 (got {kl_topk})")
+        raise ValueError(f"--kl_topk must be >= 0 (got {kl_topk})")
     rank, count = process
     check_process(rank, count)
     out = Path(out_dir)
@@ -116,7 +116,7 @@ def extract_features(target, dataset, layer_ids, out_dir, shard_size: int = 64, 
     meta_path = out / META
     previous = None
     if meta_path.exists():
-        previous = {"kl_topk": 0, **json.loads(meta_path.read_text())}  # folders from before --kl-topk have none
+        previous = {"kl_topk": 0, **json.loads(meta_path.read_text())}  # folders from before --kl_topk have none
         for key, (wording, option) in _RESUMED_OPTIONS.items():
             if {**previous, key: meta[key]} == meta and previous.get(key) != meta[key]:
                 raise ValueError(f"{out} holds features {wording.format(previous.get(key))}, not {meta[key]}: pass "
@@ -209,7 +209,7 @@ def _grows(previous: dict, meta: dict) -> bool:
 def check_process(rank: int, count: int) -> None:
     """Raise a ValueError unless `rank` is a process index of `count` processes."""
     if not 0 <= rank < count:
-        raise ValueError(f"process index {rank} is not in 0 … {count - 1} (--process-index, --num-processes)")
+        raise ValueError(f"process index {rank} is not in 0 … {count - 1} (--process_index, --num_processes)")
 
 
 def _write_atomically(path: Path, text: str, suffix: str) -> None:
@@ -254,12 +254,12 @@ class FeatureStore:
         if self.kl_topk >= k:
             return
         if self.kl_topk:
-            held, lower = f"the target's top-{self.kl_topk} only", f"pass --kl-topk {self.kl_topk} or lower, "
+            held, lower = f"the target's top-{self.kl_topk} only", f"pass --kl_topk {self.kl_topk} or lower, "
         else:
-            held, lower = "no target top-k (extracted without --kl-topk)", ""
+            held, lower = "no target top-k (extracted without --kl_topk)", ""
         raise ValueError(
-            f"--features {self.directory} holds {held}, and --loss kl --kl-topk {k} needs the target's top-{k}: "
-            f"{lower}extract the features again into a new folder with `domino features … --kl-topk {k}`, or train "
+            f"--features {self.directory} holds {held}, and --loss kl --kl_topk {k} needs the target's top-{k}: "
+            f"{lower}extract the features again into a new folder with `domino features … --kl_topk {k}`, or train "
             "without --features (the target then runs in every step)."
         )
 
@@ -295,6 +295,6 @@ class FeatureStore:
         if features.shape[0] != length:
             raise ValueError(
                 f"features of example {index} in {self.directory} cover {features.shape[0]} tokens, the data has "
-                f"{length}: they were extracted from other data or another --max-length."
+                f"{length}: they were extracted from other data or another --max_length."
             )
         return features

@@ -7,20 +7,27 @@ import logging
 import os
 from pathlib import Path
 
-from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
+from ..cli_common import (
+    HelpFormatter,
+    add_command,
+    add_device_argument,
+    add_target_arguments,
+    target_device,
+    target_kwargs,
+)
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from ..utils import require_paths
 from .choices import CONFIG, STORES
 from .decontaminate import BenchmarkFilter
-from .train_cli import add_draft_arguments, draft_sizing
+from .train_cli import add_draft_config_arguments, draft_sizing
 
 logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
     """Add `domino features` to the CLI."""
-    parser = subparsers.add_parser(
-        "features",
+    parser = add_command(
+        subparsers, "features",
         help="Cache the target's context features of training data on disk (resumable).",
         description="Run the frozen target once over `domino regen` data and store the hidden states of the "
         "draft's target_layer_ids, so `domino train --features DIR` needs no target forward. The draft config "
@@ -39,19 +46,19 @@ def register(subparsers) -> None:
         help="Feature folder (shards, features.json, draft_config.json).",
     )
     parser.add_argument(
-        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
+        "--max_length", "--max_seq_length", dest="max_length", type=int, default=3072,
         help="Same truncation as `domino train`.",
     )
     parser.add_argument("--limit", type=int, default=None, help="Only the first N examples (default: all).")
     parser.add_argument(
-        "--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=8,
+        "--batch_size", "--per_device_batch_size", dest="batch_size", type=int, default=8,
         help="Sequences per target forward.",
     )
-    parser.add_argument("--shard-size", type=int, default=64, help="Examples per shard file.")
+    parser.add_argument("--shard_size", type=int, default=64, help="Examples per shard file.")
     parser.add_argument("--store", default="bfloat16", choices=STORES,
                         help="On-disk format: bfloat16 (fp32's range, 2 bytes/value), float16-scaled (fp16 with a "
                         "power-of-two scale per layer and example), float32 (exact, 4 bytes) (default: %(default)s).")
-    parser.add_argument("--kl-topk", type=int, default=0, metavar="K",
+    parser.add_argument("--kl_topk", type=int, default=0, metavar="K",
                         help="Also store the target's K most probable next tokens at every response position (int32 "
                         "ids + float16 log-probs: 6·K bytes a token), for `domino train --loss kl`; 0 = none "
                         "(default: %(default)s).")
@@ -59,15 +66,18 @@ def register(subparsers) -> None:
                         help="Dtype of the target's forward; bfloat16 is several times faster on CPUs with native "
                         "bf16 (and many times slower on others); auto = bfloat16 where it is fast, else float32 "
                         "(default: %(default)s).")
-    parser.add_argument("--num-processes", "--num_processes", dest="num_processes", type=int,
+    parser.add_argument("--num_processes", dest="num_processes", type=int,
                         default=int(os.environ.get("WORLD_SIZE", 1)),
                         help="Split the shards between this many processes writing the same --out, each started "
-                        "with its own --process-index (default: $WORLD_SIZE as set by torchrun or accelerate "
+                        "with its own --process_index (default: $WORLD_SIZE as set by torchrun or accelerate "
                         "launch, else 1).")
-    parser.add_argument("--process-index", "--process_index", dest="process_index", type=int,
+    parser.add_argument("--process_index", dest="process_index", type=int,
                         default=int(os.environ.get("RANK", 0)),
                         help="This process's share: shards index, index + N, … (default: $RANK, else 0).")
-    add_draft_arguments(parser)
+    add_draft_config_arguments(
+        parser, "Draft config JSON (e.g. hub_configs/…json) whose target_layer_ids are the layers stored; else "
+        "derived from the target. Written beside the features with the sizes below: the draft `domino train "
+        "--features DIR` trains unless told otherwise.")
     parser.set_defaults(func=run)
 
 

@@ -1,5 +1,5 @@
-"""Continuing a trained draft with more room: a wider sub-vocabulary (`--draft-vocab-size`) or more layers
-(`--num-layers`) on top of `--init from:DIR`. Both keep what the draft learnt: new rows and new layers start at
+"""Continuing a trained draft with more room: a wider sub-vocabulary (`--draft_vocab_size`) or more layers
+(`--num_layers`) on top of `--init from:DIR`. Both keep what the draft learnt: new rows and new layers start at
 zero output, so the grown draft drafts exactly as before until training fills them in."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def grow_draft_vocab(draft: DominoDraftModel, dataset: RegenDataset, size: int) 
     old = draft.config.draft_vocab_ids
     if old is None or size < len(old):
         have = "the full vocabulary" if old is None else f"{len(old)} tokens"
-        raise ValueError(f"--draft-vocab-size {size}: the draft in --init from: predicts over {have}; a continued "
+        raise ValueError(f"--draft_vocab_size {size}: the draft in --init from: predicts over {have}; a continued "
                          "draft's sub-vocabulary can only grow. Train a fresh draft (--init random) to shrink it.")
     ids, coverage = build_draft_vocab(dataset, size, always=tuple(old))
     if hasattr(draft, "embed_proj"):  # the head correction
@@ -44,7 +44,7 @@ def grow_draft_layers(draft: DominoDraftModel, num_layers: int) -> int:
     draft trained from random weights starts far behind; growing keeps what the shallow draft learnt."""
     have = draft.config.num_hidden_layers
     if num_layers < have:
-        raise ValueError(f"--num-layers {num_layers}: the draft in --init from: has {have} layers; a continued "
+        raise ValueError(f"--num_layers {num_layers}: the draft in --init from: has {have} layers; a continued "
                          "draft can only grow. Train a fresh draft (--init random) to make it shallower.")
     for _ in range(num_layers - have):
         layer = copy.deepcopy(draft.layers[-1])

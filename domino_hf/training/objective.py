@@ -97,7 +97,7 @@ class DominoObjective(nn.Module):
         if loss not in LOSSES:
             raise ValueError(f"unknown loss {loss!r}: choose one of {', '.join(LOSSES)}")
         if not kl_temperature > 0:
-            raise ValueError(f"--kl-temperature must be > 0 (got {kl_temperature})")
+            raise ValueError(f"--kl_temperature must be > 0 (got {kl_temperature})")
         self.draft = draft
         self.loss = loss
         self.kl_temperature = kl_temperature

@@ -27,7 +27,7 @@ from ..utils import require_paths
 from .checkpoint import FINAL, SUMMARY, last_complete_checkpoint
 from .dataset import AnchorCollator, RegenDataset, build_draft_vocab, load_training_data
 from .decontaminate import BenchmarkFilter
-from .choices import CONFIG, DEFAULT_TOPK
+from .choices import BIG_VOCAB, CONFIG, DEFAULT_DRAFT_VOCAB, DEFAULT_TOPK
 from .features import FeatureStore
 from .grow import grow_draft_layers, grow_draft_vocab
 from .objective import DominoObjective
@@ -36,7 +36,6 @@ from .trainer import DominoTrainer, EpochCallback
 
 logger = logging.getLogger(__name__)
 
-BIG_VOCAB = 65536  # above this, training on the full vocabulary is mostly vocabulary work: suggest a sub-vocabulary
 
 
 @dataclass
@@ -127,7 +126,7 @@ def train_draft(target, draft: DominoDraftModel, dataset: RegenDataset, settings
     on_gpu = torch.cuda.is_available()
     bf16 = settings.bf16 if settings.bf16 is not None else (on_gpu and torch.cuda.is_bf16_supported())
     if bf16 and not on_gpu:
-        warn_if_emulated("--bf16", "Train with --no-bf16.")
+        warn_if_emulated("--bf16", "Train with --no_bf16.")
     args = TrainingArguments(
         output_dir=settings.output_dir,
         num_train_epochs=settings.epochs,
@@ -187,33 +186,39 @@ def draft_config(target, tokenizer, dataset, config_path=None, num_layers=None, 
                  draft_vocab_size=None, use_head=True) -> DominoConfig:
     """The draft config for `target` that `domino train` and `domino features` size: from `config_path` or derived
     (`build_config`), with `num_layers` / `block_size` when given, no Domino head unless `use_head`, and a
-    sub-vocabulary of the `draft_vocab_size` most frequent response tokens of `dataset` (its coverage logged)."""
+    sub-vocabulary of the `draft_vocab_size` most frequent response tokens of `dataset` (its coverage logged).
+
+    `draft_vocab_size=None` (the default) gives a vocabulary of over `BIG_VOCAB` tokens, which would make training
+    mostly vocabulary work, a sub-vocabulary of `DEFAULT_DRAFT_VOCAB` tokens, said in one log line; 0 keeps the
+    whole vocabulary; a config that has a sub-vocabulary keeps it unless `draft_vocab_size` is given."""
     overrides = {"num_hidden_layers": num_layers, "block_size": block_size}
     if not use_head:
         overrides["use_domino_head"] = False
-    if draft_vocab_size:
-        eos = target.generation_config.eos_token_id
-        always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
-        ids, coverage = build_draft_vocab(dataset, draft_vocab_size, always)
+    config = build_config(target, tokenizer, config_path, **overrides)
+    by_default = draft_vocab_size is None and config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB
+    size = DEFAULT_DRAFT_VOCAB if by_default else draft_vocab_size
+    if not size:
+        return config
+    eos = target.generation_config.eos_token_id
+    always = tuple(eos if isinstance(eos, list) else [eos]) if eos is not None else ()
+    ids, coverage = build_draft_vocab(dataset, size, always)
+    if by_default:
+        logger.info(
+            "The target's vocabulary has %d tokens: the draft predicts over a sub-vocabulary of %d, the most frequent "
+            "tokens of the data's responses (%.2f%% of them), the default above %d tokens (docs/training.md); "
+            "--draft_vocab_size N sets another size, 0 the whole vocabulary.",
+            config.vocab_size, len(ids), 100 * coverage, BIG_VOCAB,
+        )
+    else:
         logger.info(
             "Draft sub-vocabulary: %d tokens cover %.2f%% of the data's response tokens", len(ids), 100 * coverage,
         )
-        if len(ids) < draft_vocab_size:
+        if len(ids) < size:
             logger.warning(
-                "--draft-vocab-size %d: the draft's sub-vocabulary has only %d tokens, every distinct token of the "
-                "data's responses (and EOS): fewer than asked. More training data gives it more.",
-                draft_vocab_size, len(ids),
+                "--draft_vocab_size %d: the draft's sub-vocabulary has only %d tokens, every distinct token of the "
+                "data's responses (and EOS): fewer than asked. More training data gives it more.", size, len(ids),
             )
-        overrides["draft_vocab_ids"] = ids
-    config = build_config(target, tokenizer, config_path, **overrides)
-    if config.draft_vocab_ids is None and config.vocab_size > BIG_VOCAB:
-        ids, coverage = build_draft_vocab(dataset, BIG_VOCAB // 2)
-        logger.warning(
-            "The draft predicts over all %d tokens of the vocabulary: its LM-head rows, head correction and cross "
-            "entropy then take most of each training step (docs/training.md). --draft-vocab-size %d would cover "
-            "%.2f%% of this data's response tokens.", config.vocab_size, BIG_VOCAB // 2, 100 * coverage,
-        )
-    return config
+    return build_config(target, tokenizer, config_path, **overrides, draft_vocab_ids=ids)
 
 
 class TrainSetupError(Exception):
@@ -249,11 +254,11 @@ def check_job(job: TrainJob) -> None:
     """The checks that need nothing loaded: a `TrainSetupError` before the (slower) target load."""
     settings = job.settings
     if settings.loss == "kl" and not (settings.kl_topk >= 1 and settings.kl_temperature > 0):
-        raise TrainSetupError(f"--kl-topk must be >= 1 and --kl-temperature > 0 (got {settings.kl_topk} and "
+        raise TrainSetupError(f"--kl_topk must be >= 1 and --kl_temperature > 0 (got {settings.kl_topk} and "
                               f"{settings.kl_temperature})")
     if not job.new_layer_lr_scale > 0 or (job.new_layer_lr_scale != 1.0 and not job.init.startswith("from:")):
-        raise TrainSetupError(f"--new-layer-lr-scale {job.new_layer_lr_scale}: it must be > 0, and it applies only to "
-                              "the layers --num-layers adds to an --init from:DIR draft")
+        raise TrainSetupError(f"--new_layer_lr_scale {job.new_layer_lr_scale}: it must be > 0, and it applies only to "
+                              "the layers --num_layers adds to an --init from:DIR draft")
     try:
         require_paths(data=job.data, config=job.config, features=job.features,
                       resume_from_checkpoint=settings.resume if isinstance(settings.resume, str) else None)
@@ -304,8 +309,8 @@ def _grow(job: TrainJob, draft: DominoDraftModel, dataset: RegenDataset) -> tupl
     new_layers = ()
     if job.new_layer_lr_scale != 1.0 and not deepened:
         raise TrainSetupError(
-            f"--new-layer-lr-scale {job.new_layer_lr_scale}: it applies only to the layers --num-layers adds to an "
-            f"--init from:DIR draft, and --num-layers {job.num_layers} adds none to this "
+            f"--new_layer_lr_scale {job.new_layer_lr_scale}: it applies only to the layers --num_layers adds to an "
+            f"--init from:DIR draft, and --num_layers {job.num_layers} adds none to this "
             f"{draft.config.num_hidden_layers}-layer draft")
     if job.init.startswith("from:") and (resized or deepened):  # grows, or names why it cannot
         try:

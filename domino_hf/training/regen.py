@@ -212,6 +212,6 @@ def regenerate(
     if summary["written"] and summary["finished"] < summary["written"] / 2:
         hint = "" if stop or resolve_chat_template(tokenizer, options.chat_template) else (
             " (plain-text prompts to a base model: --stop TEXT ends answers at a text)")
-        logger.warning("regen: %d of %d answers hit --max-new-tokens without EOS%s",
+        logger.warning("regen: %d of %d answers hit --max_new_tokens without EOS%s",
                        summary["written"] - summary["finished"], summary["written"], hint)
     return summary

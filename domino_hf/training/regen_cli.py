@@ -12,6 +12,7 @@ import os
 
 from ..cli_common import (
     HelpFormatter,
+    add_command,
     add_chat_template_argument,
     add_device_argument,
     add_target_arguments,
@@ -33,8 +34,8 @@ logger = logging.getLogger(__name__)
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add `domino regen` to the CLI."""
-    parser = subparsers.add_parser(
-        "regen",
+    parser = add_command(
+        subparsers, "regen",
         help="Have the target answer prompts: the training data for a draft.",
         description="Have the target model answer prompts and append the answers (with token ids) to a JSONL "
         "file, the training data for a Domino draft. Rerunning with the same --out resumes: ids already "
@@ -57,23 +58,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="`first` answers the first user turn of each record (id = the record's id); `all` also answers the "
         "later turns of multi-turn records, turn by turn, each after the target's own earlier answers (never the "
         "source's), with ids `<id>#t2`, `<id>#t3`, …; the turn-1 rows are the same as with `first`, so an "
-        "existing output is extended, not redone. A turn over --max-prompt-tokens ends its conversation "
+        "existing output is extended, not redone. A turn over --max_prompt_tokens ends its conversation "
         "(default: %(default)s).")
     add(
         "--out", "--output_file", dest="out", required=True, metavar="FILE",
         help="Output JSONL file, appended to and created if missing.",
     )
-    add("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=24, metavar="N",
+    add("--batch_size", "--per_device_batch_size", dest="batch_size", type=int, default=24, metavar="N",
         help="Prompts generated together, left-padded (default: %(default)s).")
-    add("--max-new-tokens", type=int, default=128, metavar="N",
+    add("--max_new_tokens", type=int, default=128, metavar="N",
         help="Maximum tokens per answer; answers that hit it are written with finished=false "
         "(default: %(default)s).")
-    add("--max-prompt-tokens", type=int, default=256, metavar="N",
+    add("--max_prompt_tokens", type=int, default=256, metavar="N",
         help="Skip (and count) prompts longer than N chat-templated tokens; with --turns all, such a turn ends its "
         "conversation (default: %(default)s).")
-    add("--min-prompt-tokens", type=int, default=0, metavar="N",
+    add("--min_prompt_tokens", type=int, default=0, metavar="N",
         help="Skip (and count) prompts shorter than N chat-templated tokens, e.g. to add the long prompts an earlier "
-        "run's --max-prompt-tokens left out without redoing the rest; with --turns all, such a turn ends its "
+        "run's --max_prompt_tokens left out without redoing the rest; with --turns all, such a turn ends its "
         "conversation (default: %(default)s).")
     add("--temperature", type=float, default=0.0, metavar="T",
         help="0 decodes greedily; above 0 samples from the full tempered distribution (default: %(default)s).")
@@ -104,7 +105,7 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
     """The `domino regen` options that switch it to a serving engine."""
     group = parser.add_argument_group(
         "serving engine", "Get the answers from an OpenAI-compatible server (vLLM, SGLang, llama.cpp) instead of "
-        "loading the target here; --target then only supplies the tokenizer and chat template, and --batch-size, "
+        "loading the target here; --target then only supplies the tokenizer and chat template, and --batch_size, "
         "--dtype and --device do not apply.")
     add = group.add_argument
     add("--endpoint", default=None, metavar="URL",
@@ -113,7 +114,7 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
         help="Served model name, as listed by the server's /v1/models (default: the only one served).")
     add("--concurrency", type=int, default=8, metavar="N",
         help="Requests in flight at once (default: %(default)s).")
-    add("--request-timeout", type=float, default=600.0, metavar="S",
+    add("--request_timeout", type=float, default=600.0, metavar="S",
         help="Seconds to wait for one answer before retrying it (default: %(default)s).")
     add("--retries", type=int, default=5, metavar="N",
         help="Retries of a request after a timeout, a dropped connection, HTTP 429 or 5xx, with exponential "
@@ -194,7 +195,7 @@ def _run_source_answers(args: argparse.Namespace) -> int:
 def _run_endpoint(args: argparse.Namespace) -> int:
     """`domino regen --endpoint …`; returns the exit code (2 with a one-line error on any server problem)."""
     if args.concurrency < 1 or args.max_new_tokens < 1:
-        logger.error("--concurrency and --max-new-tokens must be positive")
+        logger.error("--concurrency and --max_new_tokens must be positive")
         return 2
     if args.stop:
         logger.error("--stop is not supported with --endpoint: regenerate without it, or without --endpoint")

@@ -30,7 +30,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from ..cli_common import HelpFormatter, add_device_argument, add_target_arguments, target_device, target_kwargs
+from ..cli_common import (
+    HelpFormatter,
+    add_command,
+    add_device_argument,
+    add_target_arguments,
+    target_device,
+    target_kwargs,
+)
 from ..data import add_chat_template_argument, resolve_chat_template, to_messages
 from ..dtypes import DTYPE_CHOICES, resolve_dtype
 from .decontaminate import BenchmarkFilter
@@ -48,7 +55,7 @@ def user_turn_prefix(tokenizer: Any, system: str | None = None, chat_template: s
     template = resolve_chat_template(tokenizer, chat_template)
     if template is None:
         raise ValueError("self-written prompts need a chat template (the model writes the user's turn of it); the "
-                         "tokenizer has none: pass --chat-template FILE, or use another prompt source.")
+                         "tokenizer has none: pass --chat_template FILE, or use another prompt source.")
     text = tokenizer.apply_chat_template(
         to_messages(_SENTINEL, system), chat_template=None if template == "tokenizer" else template, tokenize=False,
     )
@@ -121,8 +128,8 @@ def write_self_prompts(model: Any, tokenizer: Any, out_path: str | Path, num_pro
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "self-prompts",
+    parser = add_command(
+        subparsers, "self-prompts",
         help="Have the target write user prompts itself (a training source for `domino regen`).",
         description="Open the chat template's user turn and let the target write the question, then append it to a "
         "JSONL file that `domino regen --prompts FILE` answers. Only finished, new, non-empty questions that overlap "
@@ -133,13 +140,13 @@ def register(subparsers) -> None:
     add_target_arguments(parser)
     add("--out", "--output_file", dest="out", required=True, metavar="FILE",
         help="Output JSONL file, appended to and created if missing.")
-    add("--num-prompts", type=int, required=True, metavar="N", help="Stop when the file holds N questions.")
+    add("--num_prompts", type=int, required=True, metavar="N", help="Stop when the file holds N questions.")
     add("--start", action="append", default=None, metavar="TEXT",
         help="Begin each question with TEXT (repeatable: batches cycle through them), e.g. --start 'Summarize this "
         "article:' to steer the kind of request (default: a blank user turn).")
-    add("--batch-size", "--per_device_batch_size", dest="batch_size", type=int, default=16, metavar="N",
+    add("--batch_size", "--per_device_batch_size", dest="batch_size", type=int, default=16, metavar="N",
         help="Questions sampled together (default: %(default)s).")
-    add("--max-new-tokens", type=int, default=128, metavar="N",
+    add("--max_new_tokens", type=int, default=128, metavar="N",
         help="Longest question; one the model has not closed by then is dropped (default: %(default)s).")
     add("--temperature", type=float, default=1.0, metavar="T",
         help="Sampling temperature; 1 samples the model's own distribution of user turns (default: %(default)s).")

@@ -4,7 +4,7 @@ Why: on a CPU the target writes ~60 answer tokens a second per core, while `domi
 data the target must write is what bounds a draft's training there (docs/training.md). A conversation source
 such as ShareGPT already holds an answer to each prompt. A record built from it keeps that answer as
 *context* only: `domino train` labels its blocks with the target's own greedy next token after the anchor
-(from the target's forward, or cached by `domino features --kl-topk`), at the first draft slot alone. That slot
+(from the target's forward, or cached by `domino features --kl_topk`), at the first draft slot alone. That slot
 is the one the target fills from the context; a later slot's label would be the target's continuation of its
 own choices, which a source answer does not hold (`DominoTrainer._source_labels`). So the draft still learns
 what its target says next, on contexts the target did not have to write.
@@ -14,7 +14,7 @@ The contract, kept apart from the target's own answers:
   the same prompt (two contexts, not one counted twice);
 * first user turns only: a later turn's history would be the source's replies, which `--turns all` never uses
   as history for the target's answers;
-* the reply is cut to `--max-new-tokens` tokens (`finished` says whether it was whole), and records without
+* the reply is cut to `--max_new_tokens` tokens (`finished` says whether it was whole), and records without
   one are counted (`skipped_no_reply`); resuming works as for regen (ids already in the file are skipped).
 """
 

@@ -10,16 +10,24 @@ import argparse
 import logging
 import os
 
-from ..cli_common import HelpFormatter, add_chat_template_argument, add_target_arguments, target_kwargs
+from ..cli_common import (
+    ArgumentParser,
+    BooleanFlag,
+    HelpFormatter,
+    add_command,
+    add_chat_template_argument,
+    add_target_arguments,
+    target_kwargs,
+)
 from .checkpoint import FINAL
-from .choices import DEFAULT_TOPK, LOSSES
+from .choices import BIG_VOCAB, DEFAULT_DRAFT_VOCAB, DEFAULT_TOPK, LOSSES
 
 logger = logging.getLogger(__name__)
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser(
-        "train",
+    parser = add_command(
+        subparsers, "train",
         help="Train a Domino draft for a target on regenerated data.",
         description="Train a Domino draft (DFlash backbone + Domino head) with teacher forcing and the "
         "base-anchored curriculum. Single process here; `accelerate launch -m domino_hf.train …` for many GPUs. "
@@ -30,35 +38,28 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def add_draft_arguments(parser: argparse.ArgumentParser):
-    """The draft's sizing options, shared by `domino train` and `domino features` (which writes the config)."""
+NUM_LAYERS_HELP = "Draft decoder layers (default 1 when derived)."
+
+
+def add_draft_config_arguments(parser: argparse.ArgumentParser, config_help: str, num_layers_help=NUM_LAYERS_HELP):
+    """The draft config's options, taken by both `domino train` and `domino features` (which writes the config):
+    `--config`, `--num_layers`, `--block_size`, `--draft_vocab_size`, `--no_head`; returns their argument group."""
     draft = parser.add_argument_group("draft architecture")
+    draft.add_argument("--config", "--config_name", dest="config", default=None, help=config_help)
+    draft.add_argument("--num_layers", type=int, default=None, help=num_layers_help)
+    draft.add_argument("--block_size", type=int, default=None, help="Slots per parallel draft block (default 16).")
     draft.add_argument(
-        "--config", "--config_name", dest="config", default=None,
-        help="Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the "
-             "target (head sized by `head_sizes_for`).",
+        "--draft_vocab_size", type=int, default=None,
+        help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported. "
+             f"Default: {DEFAULT_DRAFT_VOCAB} when the target's vocabulary has over {BIG_VOCAB:,} tokens (said in the "
+             "log), else the whole vocabulary; 0 = always the whole vocabulary.",
     )
-    draft.add_argument(
-        "--num-layers", type=int, default=None,
-        help="Draft decoder layers (default 1 when derived). With --init from:DIR, a larger number deepens that "
-             "draft (the new layers start as identity).",
-    )
-    draft.add_argument(
-        "--new-layer-lr-scale", type=float, default=1.0,
-        help="Learning-rate multiplier for the layers --num-layers adds to an --init from: draft (they start at "
-             "zero output and at a fine-tuning rate barely move in a short run).",
-    )
-    draft.add_argument("--block-size", type=int, default=None, help="Slots per parallel draft block (default 16).")
-    draft.add_argument(
-        "--draft-vocab-size", type=int, default=None,
-        help="Restrict drafting to the K most frequent response tokens of the data (FR-Spec); coverage is reported.",
-    )
-    draft.add_argument("--no-head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
+    draft.add_argument("--no_head", action="store_true", help="Ablation: no Domino head (pure DFlash draft).")
     return draft
 
 
 def draft_sizing(args: argparse.Namespace) -> dict:
-    """`recipe.draft_config`'s sizing keywords from the options of `add_draft_arguments`."""
+    """`recipe.draft_config`'s sizing keywords from the options of `add_draft_config_arguments`."""
     return {"config_path": args.config, "num_layers": args.num_layers, "block_size": args.block_size,
             "draft_vocab_size": args.draft_vocab_size, "use_head": not args.no_head}
 
@@ -72,7 +73,7 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSONL file(s) written by `domino regen`.",
     )
     data.add_argument(
-        "--max-length", "--max_seq_length", dest="max_length", type=int, default=3072,
+        "--max_length", "--max_seq_length", dest="max_length", type=int, default=3072,
         help="Truncate prompt+response to this many tokens.",
     )
     data.add_argument("--limit", type=int, default=None, help="Use only the first N examples.")
@@ -80,7 +81,16 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         "--features", default=None,
         help="Context features cached by `domino features` (no target forward while training).",
     )
-    draft = add_draft_arguments(parser)
+    draft = add_draft_config_arguments(
+        parser, "Draft config JSON (e.g. hub_configs/…json); else the one beside --features, else derived from the "
+        "target (head sized by `head_sizes_for`).",
+        NUM_LAYERS_HELP + " With --init from:DIR, a larger number deepens that draft (the new layers start as "
+        "identity).")
+    draft.add_argument(
+        "--new_layer_lr_scale", type=float, default=1.0,
+        help="Learning-rate multiplier for the layers --num_layers adds to an --init from: draft (they start at "
+             "zero output and at a fine-tuning rate barely move in a short run).",
+    )
     draft.add_argument(
         "--init", default="random",
         help="Draft initialisation: `random`, `target-layers` (copy the target's last layers), or `from:DIR` to "
@@ -96,15 +106,15 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="Passes over the data (paper: 3–6).",
     )
     recipe.add_argument(
-        "--max-steps", "--max_steps", dest="max_steps", type=int, default=-1,
+        "--max_steps", dest="max_steps", type=int, default=-1,
         help="Stop after N optimizer steps (overrides --epochs when > 0).",
     )
     recipe.add_argument(
-        "--batch-size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4,
+        "--batch_size", "--per_device_train_batch_size", dest="batch_size", type=int, default=4,
         help="Sequences per device per step.",
     )
     recipe.add_argument(
-        "--grad-accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1,
+        "--grad_accum", "--gradient_accumulation_steps", dest="grad_accum", type=int, default=1,
         help="Gradient accumulation steps (global batch = devices × batch × accum).",
     )
     recipe.add_argument(
@@ -112,77 +122,74 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="Peak AdamW learning rate (cosine schedule, 4%% warmup).",
     )
     recipe.add_argument(
-        "--num-anchors", "--num_anchors", dest="num_anchors", type=int, default=32,
+        "--num_anchors", dest="num_anchors", type=int, default=32,
         help="Random anchors (blocks) per sequence, inside the response.",
     )
     recipe.add_argument(
         "--gamma", type=float, default=None, help="Position-weight decay γ in exp(-k/γ) (default by block size).",
     )
-    recipe.add_argument("--no-curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
+    recipe.add_argument("--no_curriculum", action="store_true", help="Ablation: train on the final loss only (λ = 0).")
     recipe.add_argument(
         "--loss", choices=LOSSES, default="ce",
         help="ce: cross entropy on the target's own tokens (the paper's); kl: KL divergence from the target's "
-             "next-token distribution (its --kl-topk most probable tokens, renormalised over the draft vocabulary), "
-             "from its forward in each step or from --features extracted with `domino features --kl-topk`.",
+             "next-token distribution (its --kl_topk most probable tokens, renormalised over the draft vocabulary), "
+             "from its forward in each step or from --features extracted with `domino features --kl_topk`.",
     )
     recipe.add_argument(
-        "--kl-topk", type=int, default=DEFAULT_TOPK, metavar="K",
+        "--kl_topk", type=int, default=DEFAULT_TOPK, metavar="K",
         help="With --loss kl: how many of the target's most probable next tokens make the soft label.",
     )
     recipe.add_argument(
-        "--kl-temperature", type=float, default=1.0, metavar="T",
+        "--kl_temperature", type=float, default=1.0, metavar="T",
         help="With --loss kl: both distributions at temperature T, the loss scaled by T².",
     )
     recipe.add_argument(
-        "--weight-decay", "--weight_decay", dest="weight_decay", type=float, default=0.0,
+        "--weight_decay", dest="weight_decay", type=float, default=0.0,
         help="AdamW weight decay (the paper's recipe: 0).",
     )
     recipe.add_argument(
-        "--feature-noise", type=float, default=0.0, metavar="SIGMA",
+        "--feature_noise", type=float, default=0.0, metavar="SIGMA",
         help="Regulariser: multiply each context feature by (1 + SIGMA·N(0, 1)) in training, so that the draft "
              "cannot key on exact hidden-state values of the answers it has seen (0 = off; e.g. 0.1).",
     )
     recipe.add_argument("--seed", type=int, default=0, help="Seed for init, data order and anchors.")
     recipe.add_argument(
-        "--group-by-length", "--group_by_length", dest="group_by_length", action="store_true",
+        "--group_by_length", dest="group_by_length", action="store_true",
         help="Batch examples of similar length (transformers' grouping, ordered by seed and epoch): far less "
              "padding on data of mixed lengths (1.2x a step on SmolLM2's mixed training data, docs/experiments.md).",
     )
     run_group = parser.add_argument_group("run")
     run_group.add_argument(
-        "--resume", action="store_const", const=True, default=False,
-        help="Continue from the newest complete checkpoint in --out.",
-    )
-    run_group.add_argument(
-        "--resume_from_checkpoint", dest="resume", nargs="?", const=True, metavar="CHECKPOINT",
+        "--resume_from_checkpoint", "--resume", dest="resume", nargs="?", const=True, default=False,
+        metavar="CHECKPOINT",
         help="Continue from CHECKPOINT (a checkpoint-N folder), or without a value from the newest complete one in "
              "--out.",
     )
     run_group.add_argument(
-        "--save-steps", "--save_steps", dest="save_steps", type=int, default=200,
+        "--save_steps", dest="save_steps", type=int, default=200,
         help="Checkpoint every N steps (atomic; resumable).",
     )
     run_group.add_argument(
-        "--logging-steps", "--logging_steps", dest="logging_steps", type=int, default=10,
+        "--logging_steps", dest="logging_steps", type=int, default=10,
         help="Log losses/accuracies/throughput every N steps.",
     )
     run_group.add_argument(
-        "--bf16", action=argparse.BooleanOptionalAction, default=None,
+        "--bf16", action=BooleanFlag, default=None,
         help="bf16 mixed precision (fp32 master weights). Default: on with a GPU that supports it; on a CPU with "
              "native bf16 (AMX, AVX512-BF16) --bf16 trains ~1.5x faster (docs/experiments.md), on other CPUs many "
              "times slower.",
     )
     run_group.add_argument(
-        "--report-to", "--report_to", dest="report_to", default="none",
+        "--report_to", dest="report_to", default="none",
         help="Trainer integrations: none, tensorboard, wandb, …",
     )
     run_group.add_argument(
-        "--probe-prompts", default=None,
+        "--probe_prompts", default=None,
         help="Held-back prompt source; at each checkpoint, measure τ by real greedy decoding on a few of them "
              "(probe_tau) and the draft's own τ replayed on those answers (probe_replay_tau).",
     )
-    run_group.add_argument("--probe-num", type=int, default=6, help="Prompts in the τ probe.")
-    run_group.add_argument("--probe-max-new-tokens", type=int, default=64, help="New tokens per probe prompt.")
+    run_group.add_argument("--probe_num", type=int, default=6, help="Prompts in the τ probe.")
+    run_group.add_argument("--probe_max_new_tokens", type=int, default=64, help="New tokens per probe prompt.")
     add_chat_template_argument(run_group)
 
 
@@ -217,7 +224,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         job = train_job(args)
     except ValueError as err:  # the settings validate themselves
-        logger.error("%s (--weight-decay, --feature-noise)", err)
+        logger.error("%s (--weight_decay, --feature_noise)", err)
         return 2
     try:
         trainer = run_training(job)
@@ -233,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m domino_hf.train", formatter_class=HelpFormatter,
+    parser = ArgumentParser(prog="python -m domino_hf.train", formatter_class=HelpFormatter,
                                      description="Train a Domino draft (see `domino train --help`).")
     add_train_arguments(parser)
     args = parser.parse_args(argv)

@@ -45,7 +45,7 @@ class EpochCallback(TrainerCallback):
 class DominoTrainer(Trainer):
     """Trains `DominoObjective(draft)`; `target` is frozen and used for context features and embeddings, and,
     with the objective's `loss="kl"`, for its top-`kl_topk` next-token distributions (`distill.py`) unless the
-    batches carry them (cached by `domino features --kl-topk`)."""
+    batches carry them (cached by `domino features --kl_topk`)."""
 
     def __init__(self, *args, target=None, use_curriculum: bool = True, tau_probe=None, kl_topk: int = DEFAULT_TOPK,
                  scaled_lr_parameters=(), lr_scale: float = 1.0, feature_noise: float = 0.0, **kwargs):
@@ -109,7 +109,7 @@ class DominoTrainer(Trainer):
                 target_topk = topk_at(inputs["target_topk_ids"], inputs["target_topk_logp"], positions)
             else:
                 raise ValueError("loss='kl' with cached features needs their top-k: extract them again with "
-                                 "`domino features --kl-topk K`, or train without --features.")
+                                 "`domino features --kl_topk K`, or train without --features.")
         labels = inputs["labels"]
         if "from_source" in inputs and bool(inputs["from_source"].any()):
             labels = self._source_labels(inputs, final_hidden)
@@ -121,14 +121,14 @@ class DominoTrainer(Trainer):
         anchor, which the target chooses from the context alone; a later slot's true label would be the target's
         continuation of its own choices, which a source answer does not hold."""
         anchors, labels = inputs["anchors"], inputs["labels"]
-        if "target_top1" in inputs:  # cached by `domino features --kl-topk`
+        if "target_top1" in inputs:  # cached by `domino features --kl_topk`
             top1 = inputs["target_top1"].gather(1, anchors)  # (b, A) target ids
         elif final_hidden is not None:
             rows = final_hidden.gather(1, anchors[..., None].expand(-1, -1, final_hidden.shape[-1]))  # (b, A, H)
             top1 = next_token_topk(self.target, rows.reshape(-1, rows.shape[-1]), 1)[0].view(anchors.shape)
         else:
             raise ValueError("source-answer records need the target's next tokens: extract the features with "
-                             "`domino features --kl-topk K`, or train without --features")
+                             "`domino features --kl_topk K`, or train without --features")
         source = inputs["from_source"][:, None]  # (b, 1)
         first = torch.where(source & (labels[..., 0] != -100), self.target_head.to_draft_index(top1), labels[..., 0])
         rest = labels[..., 1:].masked_fill(source[..., None], -100)

@@ -5,7 +5,7 @@ answers the later user turns of multi-turn records (ShareGPT conversations), eac
 earlier answers as the assistant turns, never the source's assistant text: a draft must learn what its target
 says in context. Turn k > 1 of conversation `c` gets the id `c#t<k>`; its prompt is the chat template over
 [user 1, answer 1, ..., user k], the answers being the `response` texts already in the output file (an answer
-cut at `--max-new-tokens` included: it is what the target said). Such a row also stores `turn` and the earlier
+cut at `--max_new_tokens` included: it is what the target said). Such a row also stores `turn` and the earlier
 user turns (`earlier_prompts`), which the benchmark filter checks along with `prompt`.
 
 **Turn-major order.** Every pending turn 1, then every turn 2 whose turn-1 answer exists, then turn 3, and so
@@ -78,7 +78,7 @@ class TurnPlan:
         if turns not in TURN_CHOICES:
             raise ValueError(f"turns={turns!r}: pass one of {', '.join(TURN_CHOICES)}")
         if min_prompt_tokens > max_prompt_tokens:
-            raise ValueError(f"--min-prompt-tokens {min_prompt_tokens} is over --max-prompt-tokens "
+            raise ValueError(f"--min_prompt_tokens {min_prompt_tokens} is over --max_prompt_tokens "
                              f"{max_prompt_tokens}: no prompt could be answered; lower the one or raise the other")
         self.tokenizer, self.answers, self.max_prompt_tokens = tokenizer, answers, max_prompt_tokens
         self.min_prompt_tokens = min_prompt_tokens

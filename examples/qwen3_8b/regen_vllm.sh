@@ -10,7 +10,7 @@ PORT="${PORT:-8000}"
 GPUS="${GPUS:-$(nvidia-smi -L | wc -l)}"
 
 # One vLLM server, one engine replica per GPU (data parallel: an 8B model fits on one GPU, so replicas beat
-# tensor parallelism for throughput). --max-model-len covers --max-prompt-tokens + --max-new-tokens below.
+# tensor parallelism for throughput). --max-model-len covers --max_prompt_tokens + --max_new_tokens below.
 vllm serve Qwen/Qwen3-8B --served-model-name qwen3-8b --port "$PORT" --dtype bfloat16 \
   --data-parallel-size "$GPUS" --max-model-len 4096 --gpu-memory-utilization 0.90 \
   > "vllm_$PORT.log" 2>&1 &
@@ -24,7 +24,7 @@ done
 # Greedy, thinking off (the chat template is applied here by `domino regen`, from Qwen3-8B's tokenizer).
 # Enough requests in flight to keep every replica's batch full: ~128 per GPU.
 domino regen --target Qwen/Qwen3-8B --endpoint "http://127.0.0.1:$PORT/v1" --model qwen3-8b \
-  --prompts "$PROMPTS" --out "$OUT" --max-prompt-tokens 1024 --max-new-tokens 2048 \
+  --prompts "$PROMPTS" --out "$OUT" --max_prompt_tokens 1024 --max_new_tokens 2048 \
   --concurrency $((128 * GPUS))
 
 # SGLang instead of vLLM (same client side):

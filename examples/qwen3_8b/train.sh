@@ -11,14 +11,14 @@ MODE="${3:-ddp}"
 GPUS="${GPUS:-$(nvidia-smi -L | wc -l)}"
 
 # The paper's recipe: block 16, 5 layers (hub_configs/qwen3-8b-domino-b16.json), max length 3072, AdamW lr 6e-4,
-# cosine with 4% warmup, grad clip 1, global batch 16 (GPUS x --batch-size x --grad-accum), 3-6 epochs, bf16.
+# cosine with 4% warmup, grad clip 1, global batch 16 (GPUS x --batch_size x --grad_accum), 3-6 epochs, bf16.
 # No `domino features` cache at this size: 5 layers x 4096 x fp16 = 40 KiB per token, ~30 TB for the data set;
 # every process runs the frozen target (bf16, ~16 GB) forward on the fly instead.
 accelerate launch --config_file "$HERE/accelerate_$MODE.yaml" --num_processes "$GPUS" -m domino_hf.train \
   --target Qwen/Qwen3-8B --data "$DATA" --config hub_configs/qwen3-8b-domino-b16.json \
-  --out "$RUN" --max-length 3072 --epochs 3 --batch-size 2 --grad-accum $((16 / (2 * GPUS) > 0 ? 16 / (2 * GPUS) : 1)) \
-  --num-anchors 256 --lr 6e-4 --save-steps 1000 --logging-steps 50 --report-to tensorboard \
-  --probe-prompts mt_bench --probe-num 8 --probe-max-new-tokens 128 --resume
+  --out "$RUN" --max_length 3072 --epochs 3 --batch_size 2 --grad_accum $((16 / (2 * GPUS) > 0 ? 16 / (2 * GPUS) : 1)) \
+  --num_anchors 256 --lr 6e-4 --save_steps 1000 --logging_steps 50 --report_to tensorboard \
+  --probe_prompts mt_bench --probe_num 8 --probe_max_new_tokens 128 --resume
 
 # Export the Hub folder (remote code, model card) and upload it; then the folder SGLang serves (docs/serving.md).
 domino export "$RUN" --out "drafts/qwen3-8b-domino-b16" --dtype bfloat16 \
