@@ -15,7 +15,8 @@ Rows accept different numbers of tokens: each keeps its own positions and its ow
 (`RaggedCache`), so nothing is realigned or padded step after step. Stopping criteria other than EOS, length and
 stop strings (lm-eval's, a user's) are asked exactly as plain decoding asks them: over the whole batch, one
 token column at a time, once every row has that column (`stops_domino.py`). Every choice (whether the draft runs, q) is
-made from the draft's distributions and past timings, never from a token drawn for the step: sampling is exact.
+made from the draft's distributions and past timings, never from a token drawn for the step: sampling is exact (and,
+the timings being left out of sampling calls by default, a seeded call repeats itself: `_verify_cost`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .batch_policy_domino import BatchPolicy, shared_cost
-from .generation_domino import lap_timer
-from .hybrid_domino import ContextLookup, Span, SuffixLookup, store_history
+from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
+from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
 from .ragged_domino import (
     RaggedCache,
     RaggedContextCache,
@@ -74,8 +75,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         logits_processor (`LogitsProcessorList` or `None`): the target's processors (applied to the draft's logits
             too, as its q when sampling).
         stopping_criteria (`StoppingCriteriaList` or `None`): the call's criteria.
-        settings ([`DraftingSettings`]): the call's drafting policy (`max_draft_tokens`, `draft_backoff`,
-            `measure_verify_cost` are read).
+        settings ([`DraftingSettings`]): the call's drafting policy (every field is read; the dispatch refuses
+            `use_draft_tree` for a batch).
         stats ([`DominoGenerationStats`]): where steps are recorded: one entry per row and step, and `per_row`.
         suffix_cache ([`SuffixCache`], *optional*): the store of earlier generations each row reads spans from.
         profile (`bool`, defaults to `False`): time the step's phases into `stats.timings` (`_clock`).
@@ -110,8 +111,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.pad_id = int(pad) if pad is not None else (int(self.eos[0]) if self.eos is not None else 0)
         self.layer_ids = self.config.target_layer_ids
         self.wanted = hidden_state_indices(self.layer_ids)
-        cap = settings.max_draft_tokens
-        self.n_draft = self.config.num_draft_tokens if cap is None else min(cap, self.config.num_draft_tokens)
+        self.n_draft = self.config.num_draft_tokens  # `max_draft_tokens` caps each row's room (`caps`)
         self.settings, self.suffix_cache, self.stats, self.profile = settings, suffix_cache, stats, bool(profile)
         self.tree, self.cache_argument = tree, cache_argument
         # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
@@ -157,11 +157,16 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.streamer = streamer
         self.stats.per_row = [type(self.stats)() for _ in range(batch)]
         self.rows = torch.arange(batch, device=device)  # live row -> original row
-        cost = shared_cost(self.target, width)  # measured by earlier calls at this context length, kept measuring
-        self.policy = BatchPolicy(batch, max_span, cost, self.settings.draft_backoff, store_history(self.suffix_cache))
+        self.policy = BatchPolicy(batch, max_span, self._verify_cost(width), self.settings.draft_backoff,
+                                  store_history(self.suffix_cache), threshold=self.settings.draft_confidence_threshold,
+                                  cut_spans=self.settings.cut_lookup_spans)
+        cap = self.settings.max_draft_tokens
+        self.caps = [capacity if cap is None else cap] * batch  # tokens a row may propose per step
         self.cache = RaggedCache(start, capacity)
         self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)
         self._prefill(input_ids)
+        self._replay()
+        self._drop_finished()  # the prefill's token may end a row (`max_new_tokens=1`, EOS)
         while len(self.rows):
             self._tree_step() if self.tree is not None and batch == 1 else self._step()
             self._replay()
@@ -169,6 +174,15 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             self._lap("rows")
         self._replay(final=True)
         return self._batch_view(width + max(self._length(r) for r in range(batch)))
+
+    def _verify_cost(self, width: int):
+        """The verify-cost curve the policy chooses lengths by. Decoding greedily, or with `measure_verify_cost`, the
+        forwards are timed into the curve earlier calls measured at this context length (`shared_cost`). Sampling
+        without it, the fixed prior: a timing-dependent length would change which random numbers a step draws, so
+        a seeded call would not repeat itself."""
+        if self.settings.measure_verify_cost or not self.do_sample:
+            return shared_cost(self.target, width)
+        return VerifyCost.for_device(self.target.device)
 
     def _prefill(self, input_ids):
         """The prompts' forward. Without left padding it runs as plain decoding's does (a causal mask the attention
@@ -196,7 +210,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         the step, one target forward, each row's accepted tokens."""
         b = len(self.rows)
         self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
-        room = torch.tensor([self.budget - self.generated[r] - 1 for r in self.rows.tolist()])  # (b,) draft tokens
+        room = torch.tensor([min(self.budget - self.generated[r] - 1, self.caps[r]) for r in self.rows.tolist()])
         self.policy.rows = self.rows.tolist()
         lap = self._clock()
         spans = self._find_spans(room)  # per row: the best span, or None
@@ -224,6 +238,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         accepted_list = accepted.tolist()
         new = [step_ids[i, 1 : 1 + n].tolist() + [int(tokens[i, n])] for i, n in enumerate(accepted_list)]
         self.policy.update(proposal, q, accepted_list, new)
+        self._schedule(self.rows.tolist(), proposed.tolist(), accepted_list)
         before = [self.generated[row] for row in self.rows.tolist()]
         self._append(new, accepted + 1, context_features(out.hidden_states, self.layer_ids))
         for i, row in enumerate(self.rows.tolist()):
@@ -232,6 +247,15 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             for record in (self.stats, self.stats.per_row[row]):
                 record.record(int(proposed[i]) if source != "none" else 0, kept, source, drafting)
         self._lap = lap  # `decode` adds the replay and rows leaving to `rows`
+
+    def _schedule(self, rows: list[int], proposed: list[int], accepted: list[int]) -> None:
+        """`num_assistant_tokens_schedule="heuristic"`: each row's cap grows by 2 after a proposal accepted in full
+        and shrinks by 1 (to 1 at least) after one that was not, as at batch size 1."""
+        if self.settings.num_assistant_tokens_schedule not in HEURISTIC_SCHEDULES:
+            return
+        for row, sent, kept in zip(rows, proposed, accepted):
+            if sent:
+                self.caps[row] = self.caps[row] + 2 if kept == sent else max(1, self.caps[row] - 1)
 
     def _clock(self):
         """A lap timer into `stats.timings` when profiling (`profile_drafting`), else a no-op: the draft's phases,

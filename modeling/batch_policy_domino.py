@@ -9,7 +9,8 @@ row's own span history, as `SourceChooser` judges them at batch size 1), whichev
 from; then q is the length with the most expected tokens per second over the whole batch, q = 1 being a plain
 batched step. As the batch grows a forward costs more per token, so q shrinks, down to plain steps where
 speculation cannot pay. Everything is decided from the draft's distributions (a pass that draws nothing), the
-spans' histories and past timings: never from a token drawn for the step, so sampling stays exact.
+spans' histories and past timings (a sampling call's cost is the fixed prior unless `measure_verify_cost`, so that a
+seeded call repeats itself): never from a token drawn for the step, so sampling stays exact.
 """
 
 from __future__ import annotations
@@ -92,11 +93,17 @@ class BatchPolicy:
         cost ([`VerifyCost`]): the measured cost of a forward, by tokens in it (rows × q).
         backoff (`bool`): skip the draft while it does not pay (`BatchBackoff`).
         history (`dict`, *optional*): the suffix cache's span history to start from (`store_history`).
+        threshold (`float`, defaults to 0.0): `draft_confidence_threshold`: a row's block stops before the slot
+            where the draft's chain probability falls below it.
+        cut_spans (`bool`, defaults to `False`): `cut_lookup_spans`: a context span is cut to the prefix worth its
+            verify cost (`SourceChooser.span_length`) before the step's length is chosen.
     """
 
-    def __init__(self, batch: int, max_span: int, cost: VerifyCost, backoff: bool = True, history=None):
-        self.cost = cost
-        self.choosers = [SourceChooser(max(max_span, 1), cost, history=history) for _ in range(batch)]
+    def __init__(self, batch: int, max_span: int, cost: VerifyCost, backoff: bool = True, history=None,
+                 threshold: float = 0.0, cut_spans: bool = False):
+        self.cost, self.threshold = cost, threshold
+        self.choosers = [SourceChooser(max(max_span, 1), cost, cut_spans=cut_spans, history=history)
+                         for _ in range(batch)]
         self.backoff = BatchBackoff() if backoff else None
         self.realised = self.predicted = 1.0  # the draft's calibration: accepted ÷ expected tokens (pseudo-counts)
         self.draft_seconds: float | None = None
@@ -106,6 +113,10 @@ class BatchPolicy:
         return self.backoff is None or self.backoff.should_draft()
 
     def observe_draft(self, seconds: float) -> None:
+        """One draft forward took `seconds` (kept only with a measuring cost: the prior is in units of a plain
+        step, and a seeded sampling call must not depend on timings)."""
+        if not self.cost.measure:
+            return
         old = self.draft_seconds
         self.draft_seconds = seconds if old is None else 0.7 * old + 0.3 * seconds
 
@@ -113,6 +124,22 @@ class BatchPolicy:
         """A forward over `tokens` tokens: fitted to the timings so far, else the prior curve."""
         measured = self.cost.seconds(tokens)
         return measured if measured is not None else self.cost.prior(tokens)
+
+    def span_tokens(self, row: int, span) -> list[int]:
+        """The tokens of `span` a row sends: all of them, or with `cut_lookup_spans` a context span's prefix worth
+        its verify cost."""
+        chooser = self.choosers[row]
+        if span.source == "lookup" and chooser.cut_spans:
+            return span.tokens[: chooser.span_length(span)]
+        return span.tokens
+
+    def confident(self, confidence: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
+        """The draft's per-slot confidence (b, n) with the slots past each row's block zeroed, and each row's
+        block length: up to the slot where the draft's chain probability falls below the threshold."""
+        if self.threshold <= 0:
+            return confidence, [confidence.shape[1]] * len(confidence)
+        kept = confidence.cumprod(dim=1) >= self.threshold  # a prefix: the chain probability only falls
+        return confidence * kept, kept.sum(dim=1).tolist()
 
     def propose(self, spans: list, drafts, confidence, room: torch.Tensor) -> BatchProposal:
         """Each row's source: its span when the span's history expects more accepted tokens than the draft's
@@ -127,7 +154,8 @@ class BatchPolicy:
         rows_room, sources = [], []
         ratio = self.realised / self.predicted
         if drafts is not None:
-            own = chain_expected(confidence.float().cpu())  # (b, n + 1)
+            confidence, lengths = self.confident(confidence.float().cpu())
+            own = chain_expected(confidence)  # (b, n + 1)
             draft_expected[:, : n + 1] = own
             draft_expected[:, n + 1 :] = own[:, -1:]
         for i, span in enumerate(spans):
@@ -135,10 +163,11 @@ class BatchPolicy:
             span_values = None
             if span is not None:
                 model = self.choosers[self.rows[i]].span_model(span)
-                span_values = torch.tensor([model.expected(k) for k in range(len(span.tokens) + 1)])
+                sent = self.span_tokens(self.rows[i], span)
+                span_values = torch.tensor([model.expected(k) for k in range(len(sent) + 1)])
             if span_values is not None and float(span_values[-1]) > block:
-                length = len(span.tokens)
-                ids[i, :length] = torch.tensor(span.tokens)
+                length = len(sent)
+                ids[i, :length] = torch.tensor(sent)
                 expected[i, : length + 1] = span_values
                 expected[i, length + 1 :] = span_values[-1]
                 rows_room.append(min(length, int(room[i])))
@@ -146,7 +175,7 @@ class BatchPolicy:
             elif drafts is not None:
                 ids[i, :n] = drafts[i].cpu()
                 expected[i] = ratio * draft_expected[i]
-                rows_room.append(min(n, int(room[i])))
+                rows_room.append(min(lengths[i], int(room[i])))
                 sources.append("domino")
             else:
                 rows_room.append(0)
@@ -161,7 +190,8 @@ class BatchPolicy:
         if drafted and self.backoff is not None:  # would the step have done as well without running the draft?
             spans_only = proposal.expected.clone()
             spans_only[[i for i, s in enumerate(proposal.sources) if s == "domino"]] = 0.0
-            draft_time = self.draft_seconds if self.draft_seconds is not None else 0.15 * self.seconds(b)
+            timed = self.draft_seconds is not None and self.cost.seconds(1) is not None  # both in seconds
+            draft_time = self.draft_seconds if timed else 0.15 * self.seconds(b)
             with_draft = float(value.max()) * self.seconds(b * q) / (self.seconds(b * q) + draft_time)
             self.backoff.update(with_draft >= float(self._values(spans_only, proposal.room).max()))
         return q

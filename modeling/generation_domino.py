@@ -54,7 +54,7 @@ def acceptance_length(accepted) -> float | None:
     return (sum(accepted) + len(accepted)) / len(accepted) if len(accepted) else None
 
 
-_HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
+HEURISTIC_SCHEDULES = ("heuristic", "heuristic_transient")
 
 
 def lap_timer(timings: dict, enabled: bool, sync=lambda: None):
@@ -108,6 +108,8 @@ class DominoGenerationStats:
             plain target step).
         draft_runs (`list[bool]`): whether the draft's forward ran at each step (a span can go out without it).
         timings (`dict[str, float]`): seconds per drafting phase, filled only when profiling (`profile_drafting`).
+        per_row (`list[DominoGenerationStats]`): each prompt's own steps, one entry per row of the call; for a
+            single prompt decoded by transformers' loop, the call's stats themselves.
     """
 
     def __init__(self):
@@ -116,6 +118,15 @@ class DominoGenerationStats:
         self.sources: list[str] = []
         self.draft_runs: list[bool] = []
         self.timings = {"backbone": 0.0, "lm_head": 0.0, "head_rollout": 0.0}
+        self._per_row: list | None = None
+
+    @property
+    def per_row(self) -> list:
+        return [self] if self._per_row is None else self._per_row
+
+    @per_row.setter
+    def per_row(self, rows: list) -> None:
+        self._per_row = rows
 
     def record(self, drafted: int, accepted: int, source: str, draft_ran: bool = False) -> None:
         self.drafted.append(drafted)
@@ -530,6 +541,6 @@ class DominoCandidateGenerator(CandidateGenerator):
         if self.backoff is not None and (source == "domino" or shadow is not None):
             # a block that lost to a span is judged by what it would have had accepted
             self.backoff.update(accepted if source == "domino" else shadow)
-        if self.schedule in _HEURISTIC_SCHEDULES and proposed:
+        if self.schedule in HEURISTIC_SCHEDULES and proposed:
             self.cap = self.cap + 2 if accepted == proposed else max(1, self.cap - 1)
         self._step = None

@@ -233,7 +233,7 @@ class TreeSteps:
         lap = self._clock()
         row = int(self.rows[0])
         self.anchors = self.sequences[self.rows, self.width + self.generated[row] - 1]  # (1,)
-        room = self.budget - self.generated[row] - 1  # draft tokens that can still be verified
+        room = min(self.budget - self.generated[row] - 1, self.caps[row])  # draft tokens that can still be verified
         self.policy.rows = [row]
         span = self._find_spans(torch.tensor([room]))[0]
         policy, tree = self.policy, DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3),
@@ -248,12 +248,14 @@ class TreeSteps:
             lap = self._clock()
             raw = build_tree(self.draft, self.head, self.tables, slots[0], base[0], self.anchors, self.tree.width,
                              self.tree.top_k, self._gates)
+            if policy.threshold > 0:  # `draft_confidence_threshold`: the nodes whose path probability reaches it
+                raw = prefix(raw, int((raw.probs >= policy.threshold).sum()))
             tree = scale(raw, policy.realised / policy.predicted)
             policy.observe_draft(time.perf_counter() - began)
             lap("head_rollout")
         if span is not None:
-            model = policy.choosers[row].span_model(span)
-            tree = add_chain(tree, span.tokens, torch.tensor(model.h[: len(span.tokens)]).cumprod(0).tolist())
+            sent = policy.span_tokens(row, span)
+            tree = add_chain(tree, sent, torch.tensor(chooser.span_model(span).h[: len(sent)]).cumprod(0).tolist())
         count = tree_budget(tree, policy.seconds, room) if tree.size else 0
         tree = prefix(tree, count)
         block = (tree_mask(tree), tree_positions(tree))
@@ -272,6 +274,8 @@ class TreeSteps:
             bonus = choice[path[-1] + 1 if path else 0]
         policy.cost.observe(1 + count, time.perf_counter() - began)
         lap("verify")
+        if count:
+            self._schedule([row], [int(tree.depths.max())], [len(path)])
         kept = torch.tensor([0] + [node + 1 for node in path])  # verify slots of the anchor and the accepted path
         states.compact(kept[1:])
         states.advance(torch.tensor([len(kept)]))

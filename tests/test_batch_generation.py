@@ -152,7 +152,8 @@ def test_verify_cost_is_kept_across_calls(fitted, monkeypatch):
 def test_batch_of_one_keeps_the_single_sequence_path(fitted):
     target, draft, prompts = fitted("llama")
     target.generate(prompts[0], do_sample=False, max_new_tokens=8, assistant_model=draft)
-    assert not hasattr(draft.last_generation_stats, "per_row")
+    stats = draft.last_generation_stats
+    assert stats.per_row == [stats]  # transformers' loop: the call's stats are its one row's
     ids, mask = left_pad([prompts[0][0], prompts[1][0]])
     target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=8, assistant_model=draft)
     assert len(draft.last_generation_stats.per_row) == 2

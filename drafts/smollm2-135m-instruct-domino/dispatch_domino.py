@@ -236,6 +236,13 @@ def decode_batch(draft, target, arguments: dict):
     model_kwargs = arguments.get("model_kwargs") or {}
     stats = DominoGenerationStats()
     settings = resolve_drafting_settings(draft, config)
+    rows = arguments["input_ids"].shape[0]
+    if settings.use_draft_tree and rows > 1:
+        raise ValueError(
+            f"use_draft_tree=True with a batch of {rows} prompts: draft trees are verified one prompt at a time. "
+            "Pass use_draft_tree=False to decode the batch with chains (set on the call, or on "
+            "draft.generation_config when it is the draft's default), or generate one prompt at a time."
+        )
     warn_if_target_inexact(target)
     suffix_cache = resolve_suffix_cache(draft, config, settings)
     decoder = DominoBatchDecoder(draft, target, config, arguments.get("logits_processor"),
@@ -369,6 +376,12 @@ def _validate_domino_request(target, draft, generation_config) -> None:
         raise ValueError(
             f"speculation_type={generation_config.speculation_type!r} selects one of transformers' built-in "
             "drafters; a Domino draft drafts with its own generator. Drop `speculation_type`."
+        )
+    if generation_config.use_cache is False:
+        raise ValueError(
+            "use_cache=False with a Domino draft: speculative decoding verifies each proposal against the target's "
+            "key/value cache and crops the rejected tokens from it, for one prompt, a batch or a draft tree alike. "
+            "Drop use_cache=False (or the `assistant_model`)."
         )
     if generation_config.cache_implementation not in _DYNAMIC_CACHES:
         raise ValueError(
