@@ -393,7 +393,9 @@ class DraftingSettings:
         measure_verify_cost (`bool`, defaults to `False`): time the target's verify forwards while generating and
             weigh block against span by this machine's measured cost (`VerifyCost`) instead of a fixed curve.
             Timing steers only which proposal goes out: greedy stays identical, sampling exact, but the per-step
-            choices may differ between runs.
+            choices may differ between runs, and so may seeded sampling. Batches and draft trees measure when
+            decoding greedily either way (their output cannot depend on it); a sampling call measures only with
+            `True`, so that without it a seeded call repeats itself.
         cut_lookup_spans (`bool`, defaults to `False`): send only the prefix of a context-lookup span with the most
             expected tokens per unit of verify cost (`SourceChooser.span_length`) instead of the whole span.
         use_suffix_cache (`bool` or `None`, defaults to `None`): also draft from a store of earlier generations (a
@@ -416,8 +418,8 @@ class DraftingSettings:
             (the block's likeliest branches, grown by the Domino head, and the context span as one more branch; as
             many nodes as pay for the longer verify) instead of one chain, in domino-hf's verify loop
             (`tree_domino.py`); greedy by the target's choice at each node, sampling by recursive rejection over
-            siblings. Batches, and calls asking for per-step scores, logits, attentions or hidden states, verify
-            the chain. `False` = the chain, exactly as without the setting.
+            siblings. Calls asking for per-step scores, logits, attentions or hidden states verify the chain; a
+            batch of several prompts is refused with the fix. `False` = the chain, exactly as without the setting.
 
     A bad value raises a [`DominoConfigError`] naming the setting and its allowed range.
     """
