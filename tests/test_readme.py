@@ -33,9 +33,13 @@ def test_first_snippet_defines_everything_it_uses():
     assert "TARGET" not in first and "DRAFT_DIR_OR_HUB_ID" not in first
 
 
+KINDS = ROOT / "docs" / "bench" / "cpu_kinds" / "kinds.json"
+
+
 def _rendered_block() -> str:
     report = json.loads(REPORT.read_text())
-    return readme_table.render(report, readme_table.markdown_source(REPORT, ROOT / "README.md"))
+    kinds = readme_table.cpu_kinds(KINDS, ROOT / "README.md")
+    return readme_table.render(report, readme_table.markdown_source(REPORT, ROOT / "README.md"), kinds)
 
 
 def test_readme_results_block_is_rendered_from_the_committed_report():
@@ -106,3 +110,25 @@ def test_torch_floor_agrees_with_readme_and_ci():
     ci = re.search(r"pip install -q torch==(\d+\.\d+)", (ROOT / ".ci" / "run").read_text()).group(1)
     assert ci == floor, f"CI tests torch {ci}, pyproject's floor is {floor}"
     assert re.search(r"^pip install torch --index-url https://download\.pytorch\.org/whl/cpu", readme, re.M)
+
+
+def test_cpu_kinds_table_rows_come_from_their_reports(tmp_path):
+    """Each row of the README's CPU table is its report's numbers (Domino's τ and speedups, the verify step ÷ a plain
+    step from its profile) and links the report's Markdown twin, which exists."""
+    kinds = readme_table.cpu_kinds(KINDS, ROOT / "README.md")
+    block = readme_table.current_block((ROOT / "README.md").read_text())
+    assert len(kinds) >= 3 and len({kind["cpu"] for kind in kinds}) >= 3
+    for kind in kinds:
+        domino, profile = kind["report"]["methods"]["domino"], kind["report"]["profile"]
+        verify = profile["domino"]["ms_per_step"]["target_verify"]
+        plain = profile["autoregressive"]["ms_per_step"]["target_verify"]
+        row = next(line for line in block.splitlines() if line.startswith("| ") and f"]({kind['link']})" in line)
+        assert row.startswith(f"| {kind['cpu']} |") and f"= {verify / plain:.2f} |" in row
+        assert f"| {domino['tau']:.2f} | {domino['speedup']:.2f}× | {domino['speedup_vs_stock']:.2f}× |" in row
+        assert (ROOT / kind["link"]).exists()
+    edited = [dict(kind) for kind in kinds]
+    edited[0]["report"] = json.loads(json.dumps(kinds[0]["report"]))
+    edited[0]["report"]["methods"]["domino"]["speedup"] += 0.5
+    report = json.loads(REPORT.read_text())
+    assert readme_table.render(report, "docs/bench/bench.md", edited) != readme_table.render(
+        report, "docs/bench/bench.md", kinds)

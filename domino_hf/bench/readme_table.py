@@ -4,6 +4,10 @@
 `<!-- results:begin -->` and `<!-- results:end -->` in README.md; without `--write` it prints the block.
 Every number comes from the report's JSON (`report.py` writes it), so the README cannot drift from the file
 it cites; `tests/test_readme.py` checks that the committed README holds exactly what this renders.
+
+Below the table, the same draft on several CPU kinds side by side, one row per report that the manifest
+`cpu_kinds/kinds.json` beside the report lists (`--cpu_kinds` names another): `[{"cpu": label, "report": JSON path
+relative to the manifest, "note": optional}]`, each row linking its report's Markdown twin.
 """
 
 from __future__ import annotations
@@ -57,8 +61,46 @@ def command(config: dict) -> str:
     return " ".join(parts)
 
 
-def render(report: dict, source: str | None = None) -> str:
-    """The README block (markers included) for one `domino bench` report."""
+CPU_KINDS_NOTE = (
+    "τ is the same on every CPU: the draft proposes the same tokens. The speedup follows what a Domino verify step "
+    "(the target over the drafted tokens) costs against a plain one-token step on that CPU's kernels (target ms per "
+    "step, from each report's profile): the closer that ratio is to 1, the more of τ becomes speedup."
+)
+
+
+def cpu_kinds(manifest: Path, readme: Path) -> list[dict]:
+    """The rows of the CPU-kinds table from `manifest` (see the module doc): each entry with its report loaded
+    (`report`) and the link to the report's Markdown twin relative to `readme` (`link`)."""
+    rows = []
+    for entry in json.loads(manifest.read_text()):
+        path = manifest.parent / entry["report"]
+        rows.append({**entry, "report": json.loads(path.read_text()), "link": markdown_source(path, readme)})
+    return rows
+
+
+def cpu_kinds_table(kinds: list[dict]) -> str:
+    """One row per CPU kind: the run's date, draft dtype, Domino's verify step ÷ a plain step (target time per step),
+    Domino's τ and speedups, the report."""
+    rows = []
+    for kind in kinds:
+        config, domino = kind["report"]["config"], kind["report"]["methods"]["domino"]
+        profile = kind["report"].get("profile") or {}
+        verify = (profile.get("domino") or {}).get("ms_per_step", {}).get("target_verify")
+        plain = (profile.get("autoregressive") or {}).get("ms_per_step", {}).get("target_verify")
+        cost = f"{verify:.1f} ÷ {plain:.1f} ms = {verify / plain:.2f}" if verify and plain else "–"
+        run = (config.get("environment") or {}).get("date", "?")[:10] + (f" ({kind['note']})" if kind.get("note")
+                                                                          else "")
+        rows.append([kind["cpu"], run, config.get("draft_dtype") or config.get("dtype", "?"), cost,
+                     _fmt(domino["tau"]), _fmt(domino["speedup"], "{:.2f}×"),
+                     _fmt(domino.get("speedup_vs_stock"), "{:.2f}×"), f"[report]({kind['link']})"])
+    header = ["CPU", "run", "draft dtype", "verify ÷ plain step", "Domino τ", "speedup, same kernels",
+              "vs stock transformers", "report"]
+    return _table(header, rows)
+
+
+def render(report: dict, source: str | None = None, kinds: list[dict] | None = None) -> str:
+    """The README block (markers included) for one `domino bench` report, with the CPU-kinds table when `kinds`
+    (`cpu_kinds`) are given."""
     config, methods = report["config"], report["methods"]
     sets = ", ".join(f"{n} {name}" for name, n in config["prompt_sets"].items())
     mode = "greedy" if config.get("greedy", True) else f"sampling at T = {config['temperature']}"
@@ -98,6 +140,9 @@ def render(report: dict, source: str | None = None) -> str:
     ]
     if source:
         lines += ["", f"Full report (per prompt set, per-step profile, plots): [`{source}`]({source})."]
+    if kinds:
+        lines += ["", "The same draft and demo on several CPU kinds, 2 threads each, every row from its report:", "",
+                  cpu_kinds_table(kinds), "", CPU_KINDS_NOTE]
     lines.append(END)
     return "\n".join(lines)
 
@@ -132,14 +177,24 @@ def markdown_source(report_path: Path, readme: Path) -> str:
         return target.as_posix()
 
 
+def default_manifest(report_path: Path) -> Path | None:
+    """`cpu_kinds/kinds.json` beside the report, or None when there is none."""
+    path = report_path.parent / "cpu_kinds" / "kinds.json"
+    return path if path.exists() else None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m domino_hf.bench.readme_table", description=__doc__.split("\n")[0])
     parser.add_argument("report", type=Path, help="a `domino bench` JSON report, e.g. docs/bench/bench.json")
     parser.add_argument("--write", type=Path, metavar="README", help="rewrite the results block in this file")
+    parser.add_argument("--cpu_kinds", type=Path, metavar="MANIFEST",
+                        help="the CPU-kinds manifest (default: cpu_kinds/kinds.json beside the report, when there)")
     args = parser.parse_args(argv)
     report = json.loads(args.report.read_text())
     readme = args.write or Path("README.md")
-    block = render(report, markdown_source(args.report, readme))
+    manifest = args.cpu_kinds or default_manifest(args.report)
+    kinds = cpu_kinds(manifest, readme) if manifest else None
+    block = render(report, markdown_source(args.report, readme), kinds)
     if args.write is None:
         sys.stdout.write(block + "\n")
         return 0
