@@ -39,7 +39,11 @@ class ArgumentParser(argparse.ArgumentParser):
         name, equals, value = arg.partition("=")
         if name in self._option_string_actions:
             return arg
-        declared = next((s for s in other_spellings(name) if s in self._option_string_actions), name)
+        spellings = other_spellings(name)
+        declared = next((s for s in spellings if s in self._option_string_actions), None)
+        if declared is None:  # an abbreviation (`--num-p`) of an option declared with underscores, or unknown
+            abbreviates = any(s.startswith(spellings[0]) for s in self._option_string_actions)
+            declared = spellings[0] if self.allow_abbrev and abbreviates else name
         return declared + equals + value
 
     def format_help(self) -> str:

@@ -380,6 +380,7 @@ SPELLINGS = [  # (argv with underscores, the same with dashes)
 def test_both_spellings_parse_to_the_same_values(underscores, dashes):
     assert vars(_parse(underscores)) == vars(_parse(dashes))
     assert build_parser().parse_args(["--log-level", "debug"]).log_level == "debug"
+    assert _parse(["bench", "--num-p", "4"]).num_prompts == _parse(["bench", "--num_p", "4"]).num_prompts == 4
 
 
 def test_train_resumes_through_one_option():
