@@ -22,5 +22,5 @@ accelerate launch --config_file "$HERE/accelerate_$MODE.yaml" --num_processes "$
 
 # Export the Hub folder (remote code, model card) and upload it; then the folder SGLang serves (docs/serving.md).
 domino export "$RUN" --out "drafts/qwen3-8b-domino-b16" --dtype bfloat16 \
-  --push-to-hub "${HUB_REPO:?set HUB_REPO=user/Qwen3-8B-Domino-b16}"
+  --push_to_hub --hub_model_id "${HUB_REPO:?set HUB_REPO=user/Qwen3-8B-Domino-b16}"
 domino export "$RUN" --out "drafts/qwen3-8b-domino-b16-sglang" --format sglang
