@@ -31,6 +31,13 @@ Contract of `optimize_for_cpu(model)`:
 Outputs are not bit-identical to stock kernels (another summation order), but as close as two fp32 GEMMs
 get (≤ 1e-4 on logits in the tests); the target with optimized kernels is the model you decode with, and
 speculative decoding stays exactly lossless against plain decoding *on the same kernels*.
+
+By default (`kernels="auto"`) the kernel of every length is the length-invariant one (`exact_kernels`, `EXACT`)
+where this CPU has it for the model's dtype: each output computed in one fixed order whatever the forward's length,
+so a token's logits are bitwise the same in a plain step and in a verify, in fp32 and bf16 alike. The target's
+attention then runs on `exact_kernels.ATTENTION_NAME`, and a self-check at load proves the whole forward
+(`model.domino_length_invariant`); where that cannot hold, one log line says why and the calibrated kernels above
+run. `kernels="fastest"` asks for those directly.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import exact_kernels
 from .cpu_attention import use_gqa_attention, use_stock_attention
 from .kv_cache import GrowingCacheGenerate, use_default_cache, use_growing_cache
 
@@ -53,8 +61,8 @@ logger = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 # The kernels a layer can run, by id in `PackedLinear.kernel_table`.
-STOCK, ONEDNN, MKL = 0, 1, 2
-KERNEL_NAMES = ("stock MKL", "packed oneDNN", "packed MKL")
+STOCK, ONEDNN, MKL, EXACT = 0, 1, 2, 3
+KERNEL_NAMES = ("stock MKL", "packed oneDNN", "packed MKL", "length-invariant")
 # Forward lengths (rows: tokens × batch rows) at which the kernels are timed: plain steps (1 token a row),
 # verifies at batch size 1 (a few tokens) and batches of verifies (B × q). A length between two of them takes
 # the choice of the lower one; longer forwards (prefill) take the longest one's.
@@ -148,9 +156,12 @@ class PackedLinear(nn.Linear):
 
     def run_kernel(self, x: torch.Tensor, kernel: int, rows: int) -> torch.Tensor:
         weight = self.weight
-        if kernel == STOCK or weight.device.type != "cpu" or x.dtype != weight.dtype or not packable(
-                weight.dtype, kernel) or (torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
+        packed = exact_kernels.supported(weight.dtype) if kernel == EXACT else packable(weight.dtype, kernel)
+        if kernel == STOCK or weight.device.type != "cpu" or x.dtype != weight.dtype or not packed or (
+                torch.is_grad_enabled() and (weight.requires_grad or x.requires_grad)):
             return F.linear(x, weight, self.bias)
+        if kernel == EXACT:
+            return exact_kernels.linear(x, weight, self.bias)
         if kernel == MKL:  # packed MKL GEMM; its last argument is the rows the call computes
             return torch.ops.mkl._mkl_linear(x, self.packed_weight(MKL), weight, self.bias, rows)
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight(ONEDNN), self.bias, "none", [], "")
@@ -162,7 +173,7 @@ class PackedLinear(nn.Linear):
 
     def pack_for_table(self) -> None:
         """Pack the copies the kernel table uses (now, not in the first forward) and free the others."""
-        used = {k for k in self.kernel_table if k != STOCK and packable(self.weight.dtype, k)}
+        used = {k for k in self.kernel_table if k not in (STOCK, EXACT) and packable(self.weight.dtype, k)}
         for kernel in set(self._packed) - used:
             del self._packed[kernel]
         for kernel in used:
@@ -241,9 +252,14 @@ def _model_device(model: nn.Module) -> torch.device | None:
     return None
 
 
-def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Module:
-    """Run every plain `nn.Linear` of `model` on the fastest of stock MKL, packed oneDNN and packed MKL weights
-    for each forward length; see the module doc.
+def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None, kernels: str = "auto") -> nn.Module:
+    """Run every plain `nn.Linear` of `model` on the length-invariant kernels, or on the fastest of stock MKL,
+    packed oneDNN and packed MKL weights for each forward length; see the module doc.
+
+    `kernels`: "auto" (the default) runs the length-invariant kernels (`exact_kernels`: a token's logits bitwise
+    the same in a one-token step, a verify, a tree or a padded batch) where this CPU has them for the model's dtype
+    and, for a model that generates, its self-check passes; else, saying why in one log line, the calibrated
+    fastest kernels. "invariant" raises instead of falling back; "fastest" skips them.
 
     `stock_rows`: None (the default) measures, per layer shape on this CPU, which kernel is the fastest at each
     forward length (`calibrate_kernels`); an int n keeps the stock kernel for forwards of at most n rows
@@ -279,15 +295,20 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
             if module.weight.dtype in PACKABLE_DTYPES:
                 reason += " (no oneDNN kernels for it on this CPU)"
             skipped[reason] = skipped.get(reason, 0) + 1
-    if stock_rows is None:
-        calibrate_kernels(layers)
-    for layer in layers:
-        layer.kernel_table = kernel_table(_kernel_choices[_layer_key(layer)] if stock_rows is None else stock_rows)
-        layer.pack_for_table()
+    if kernels not in KERNEL_CHOICES:
+        raise ValueError(f"optimize_for_cpu: kernels={kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}.")
+    every = [m for m in model.modules() if type(m) is PackedLinear]
+    invariant = kernels != "fastest" and stock_rows is None and _use_invariant_kernels(model, every, kernels)
+    if not invariant:
+        if stock_rows is None:
+            calibrate_kernels(layers)
+        for layer in layers:
+            layer.kernel_table = kernel_table(_kernel_choices[_layer_key(layer)] if stock_rows is None else stock_rows)
+            layer.pack_for_table()
     if layers or skipped or already:
         detail = ", ".join(f"{n} × {why}" for why, n in sorted(skipped.items()))
         logger.info(
-            "optimize_for_cpu: %d linear layer(s) on the fastest kernels%s; skipped %d%s.",
+            "optimize_for_cpu: %d linear layer(s) on optimized kernels%s; skipped %d%s.",
             len(layers),
             f" ({already} already)" if already else "",
             sum(skipped.values()),
@@ -295,8 +316,57 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None) -> nn.Modu
         )
     if layers:
         logger.info("optimize_for_cpu: kernels by forward rows on this CPU: %s.", describe_kernels(layers))
-    _use_fast_attention_and_cache(model)
+    if not invariant:
+        _use_fast_attention_and_cache(model)
     return model
+
+
+KERNEL_CHOICES = ("auto", "invariant", "fastest")
+INVARIANT_TABLE = (EXACT,) * (ROW_CANDIDATES[-1] + 1)
+
+
+def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels: str) -> bool:
+    """Put `layers` and, for a model that generates, its attention on the length-invariant kernels and prove them
+    with `exact_kernels.self_check`; True when they run. Otherwise (another CPU or dtype, no compiler, a failed
+    self-check) everything is as before, one log line says why, and with kernels="invariant" it raises."""
+    dtypes = {layer.weight.dtype for layer in layers} or {getattr(model, "dtype", torch.float32)}
+    dtype = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
+    reason = next(filter(None, map(exact_kernels.unsupported_reason, dtypes)), None)
+    if reason is None and exact_kernels.load_extension() is None:
+        reason = f"the kernels did not compile ({exact_kernels.extension_error()})"
+    # a causal LM (the target): its attention and whole forward; a draft (no output embeddings) only proposes
+    generates = callable(getattr(model, "can_generate", None)) and model.can_generate() and callable(
+        getattr(model, "get_output_embeddings", None)) and model.get_output_embeddings() is not None
+    tables = [layer.kernel_table for layer in layers]
+    if reason is None:
+        for layer in layers:
+            layer.kernel_table = INVARIANT_TABLE
+            layer.pack_for_table()
+        if generates:
+            attention = getattr(model.config, "_attn_implementation", None)
+            if attention not in exact_kernels.REPLACEABLE_ATTENTION:
+                reason = f"attention {attention!r} (sdpa or eager can be replaced)"
+            else:
+                exact_kernels.register_attention()
+                model.set_attn_implementation(exact_kernels.ATTENTION_NAME)
+                use_growing_cache(model)
+                failure = exact_kernels.self_check(model)
+                if failure is not None:
+                    reason = f"the self-check failed on {type(model).__name__}: {failure}"
+                    model.set_attn_implementation(attention)
+                    use_default_cache(model)
+    model.domino_length_invariant = reason is None and generates
+    if reason is None:
+        logger.info("optimize_for_cpu: %d linear layer(s) and %s on the length-invariant kernels (%s)%s.",
+                    len(layers), "attention" if generates else "no attention", dtype,
+                    "; self-check passed" if generates else "")
+        return True
+    for layer, table in zip(layers, tables):
+        layer.kernel_table = table
+    if kernels == "invariant":
+        raise RuntimeError(f"optimize_for_cpu: no length-invariant kernels here: {reason}.")
+    logger.info("optimize_for_cpu: length-invariant kernels not used (%s); the fastest kernels run instead.", reason)
+    return False
 
 
 def describe_kernels(layers: list[PackedLinear]) -> str:
@@ -328,8 +398,12 @@ def _use_fast_attention_and_cache(model: nn.Module) -> tuple[bool, bool]:
 
 
 def _use_stock_attention_and_cache(model: nn.Module) -> None:
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == exact_kernels.ATTENTION_NAME:
+        model.set_attn_implementation("sdpa")
     use_stock_attention(model)
     use_default_cache(model)
+    if "domino_length_invariant" in vars(model):
+        model.domino_length_invariant = False
 
 
 def restore_stock_kernels(model: nn.Module) -> nn.Module:
@@ -360,6 +434,7 @@ def stock_kernels(model: nn.Module) -> Iterator[nn.Module]:
     layers = [m for m in model.modules() if type(m) is PackedLinear]
     attention = getattr(getattr(model, "config", None), "_attn_implementation", None)
     growing = isinstance(model.__dict__.get("generate"), GrowingCacheGenerate)
+    invariant = vars(model).get("domino_length_invariant")
     for module in layers:
         module.__class__ = nn.Linear
     _use_stock_attention_and_cache(model)
@@ -368,7 +443,11 @@ def stock_kernels(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for module in layers:
             module.__class__ = PackedLinear
-        if attention != getattr(model.config, "_attn_implementation", attention):
+        if attention == exact_kernels.ATTENTION_NAME:
+            model.set_attn_implementation(attention)
+        elif attention != getattr(model.config, "_attn_implementation", attention):
             use_gqa_attention(model)
         if growing:
             use_growing_cache(model)
+        if invariant is not None:
+            model.domino_length_invariant = invariant

@@ -191,7 +191,8 @@ def attention_masks(target, mask: torch.Tensor, states: RaggedStates, new: int, 
     return form(verify_mask(states, new, window, block) if window is not None else mask)
 
 
-SUPPORTED_ATTENTION = ("eager", "sdpa", "domino_cpu_sdpa")
+# domino_hf's CPU attention functions (domino_cpu_sdpa, domino_exact) take the boolean masks sdpa takes
+SUPPORTED_ATTENTION = ("eager", "sdpa", "domino_cpu_sdpa", "domino_exact")
 
 
 def check_attention_supported(target) -> None:

@@ -207,7 +207,7 @@ def test_greedy_identity_on_the_optimized_attention_and_cache(arch, prompt_lengt
 
 def test_installed_per_instance_and_undone(tmp_path):
     target = make_tiny_target("qwen3", vocab_size=32)
-    optimize_for_cpu(target)
+    optimize_for_cpu(target, kernels="fastest")
     assert isinstance(target.__dict__["generate"], GrowingCacheGenerate)
     assert target.config._attn_implementation == ATTENTION_NAME
     assert make_tiny_target("qwen3", vocab_size=32).config._attn_implementation == "sdpa"  # others untouched

@@ -116,7 +116,8 @@ def test_calibration_times_each_shape_once_per_process(monkeypatch):
     import domino_hf.cpu_kernels as kernels
 
     monkeypatch.setattr(kernels, "_kernel_choices", {})
-    model = optimize_for_cpu(nn.Sequential(nn.Linear(40, 24), nn.Linear(24, 40), nn.Linear(40, 24))).eval()
+    model = optimize_for_cpu(nn.Sequential(nn.Linear(40, 24), nn.Linear(24, 40), nn.Linear(40, 24)),
+                             kernels="fastest").eval()
     key = (24, 40, torch.float32, torch.get_num_threads())
     assert set(kernels._kernel_choices) == {key, (40, 24, torch.float32, torch.get_num_threads())}
     assert set(kernels._kernel_choices[key]) == set(kernels.ROW_CANDIDATES)
@@ -124,7 +125,7 @@ def test_calibration_times_each_shape_once_per_process(monkeypatch):
     for layer in model:  # packed copies kept for the kernels each table uses, and only those
         assert set(layer._packed) == set(layer.kernel_table) - {kernels.STOCK}
     monkeypatch.setattr(kernels.time, "perf_counter", lambda: pytest.fail("timed again"))
-    optimize_for_cpu(nn.Sequential(nn.Linear(40, 24)))
+    optimize_for_cpu(nn.Sequential(nn.Linear(40, 24)), kernels="fastest")
 
 
 def test_a_large_model_is_timed_on_a_bounded_prefix(monkeypatch):
@@ -259,9 +260,9 @@ def test_bf16_layers_stay_stock_where_onednn_has_no_bf16_path(monkeypatch, caplo
     draft_target = make_tiny_target("llama", vocab_size=32)
     draft = make_tiny_draft(draft_target).to(torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
-        optimize_for_cpu(draft)
+        optimize_for_cpu(draft, kernels="fastest")
     assert packed_layers(draft) == 0 and "no oneDNN kernels for it on this CPU" in caplog.text
-    optimize_for_cpu(draft_target)
+    optimize_for_cpu(draft_target, kernels="fastest")
     ids = tiny_prompts(1, vocab_size=32)[0]
     greedy_both(draft_target, draft, ids, max_new_tokens=8)  # a bf16 draft on stock kernels: still lossless
 
@@ -271,7 +272,7 @@ def test_a_packed_layer_cast_to_an_unpackable_dtype_runs_stock(monkeypatch):
     from domino_hf import cpu_kernels
 
     monkeypatch.setitem(cpu_kernels._dtype_support, (cpu_kernels.ONEDNN, torch.bfloat16), False)
-    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8)))[0]
+    layer = optimize_for_cpu(nn.Sequential(nn.Linear(8, 8)), kernels="fastest")[0]
     assert type(layer) is PackedLinear
     layer.to(torch.bfloat16)
     x = torch.randn(2, 8, dtype=torch.bfloat16)

@@ -167,9 +167,12 @@ _TREE_FALLBACKS: set = set()  # attention implementations already said to verify
 def warn_if_target_inexact(target) -> None:
     """Warn once per target, at its first Domino call, when it runs in bf16 or fp16 on a CPU: there a forward over
     several tokens (a verify step) rounds differently from one-token steps, so greedy output can differ from the
-    target decoding alone (measured with SmolLM2: 5 of 10 prompts in bf16, 1 of 10 in fp16). fp32 is exact."""
+    target decoding alone (measured with SmolLM2: 5 of 10 prompts in bf16, 1 of 10 in fp16). fp32 is exact, and so
+    is a target on `domino_hf.optimize_for_cpu`'s length-invariant kernels (`target.domino_length_invariant`)."""
     dtype = getattr(target, "dtype", None)
     if dtype not in _INEXACT_DTYPES or target.device.type != "cpu" or target in _WARNED_TARGETS:
+        return
+    if getattr(target, "domino_length_invariant", False):  # on domino_hf's self-checked length-invariant kernels
         return
     _WARNED_TARGETS.add(target)
     logger.warning(
