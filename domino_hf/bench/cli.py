@@ -129,9 +129,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     models.add_argument(
         "--dtype",
-        default="float32",
-        choices=DTYPE_NAMES,
-        help="dtype of the target (and assistant); greedy identity needs float32 on CPU (default: %(default)s)",
+        default="auto",
+        choices=("auto", *DTYPE_NAMES),
+        help="dtype of the target (and assistant). auto = bfloat16 where the length-invariant bf16 kernels run (a CPU "
+        "target on optimized kernels, a CPU with AVX512-BF16; self-checked at load, so greedy decoding is exact), "
+        "else float32, saying why; elsewhere half precision can flip near-tied greedy tokens (default: %(default)s)",
     )
     models.add_argument(
         "--draft_dtype",
@@ -139,7 +141,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", *DTYPE_NAMES),
         help="dtype of the Domino draft. Drafting only proposes tokens, so a cheaper draft precision keeps the "
         "output exact. auto = bfloat16 for a float32 target on a CPU with native bf16 matmuls (avx512_bf16 / "
-        "amx_bf16), else the target's dtype (default: %(default)s)",
+        "amx_bf16), else the target's dtype (a bfloat16 target: bfloat16) (default: %(default)s)",
     )
     models.add_argument(
         "--target_kernels",
@@ -164,8 +166,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=_csv,
         default=None,
         help="comma-separated subset of autoregressive,prompt_lookup,assisted,dflash,domino_no_lookup,domino,"
-        "domino_tree,domino_cache (default: all but assisted, domino_tree and domino_cache, + assisted with "
-        "--assistant; with --suite repeated: autoregressive,prompt_lookup,domino,domino_cache)",
+        "domino_tree,domino_cache and the reference rows autoregressive_stock_fp32 (a float32 copy of the target on "
+        "stock kernels, beside a bfloat16 target), llama_cpp (llama.cpp on the smollm2 target's GGUF) (default: all "
+        "but assisted, domino_tree and domino_cache, + assisted with --assistant; with --suite repeated: "
+        "autoregressive,prompt_lookup,domino,domino_cache; and the reference rows where they can run)",
     )
     run.add_argument(
         "--suite",

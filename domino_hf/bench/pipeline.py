@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from .. import targets
+from .. import exact_kernels, targets
 from ..chat import chat_input_ids, check_chat_template
 from ..cpu_kernels import optimize_for_cpu
 from ..benchmark_sets import REPEATED_SETS, SUITES
@@ -26,8 +26,10 @@ from ..modeling.configuration_domino import draft_level_settings
 from ..utils import git_tracked, looks_like_local_path
 from .batched import run_batch_sizes
 from .humaneval import humaneval_pass1
+from .references import StockFloat32Autoregressive, llama_cpp_unavailable, llama_cpp_version, load_llama_cpp
 from .report import write_report
 from .runner import ALL_METHODS, AR, DEFAULT_METHODS, BenchConfig, BenchPrompt, run_benchmark
+from .stats import AR_STOCK_FP32, LLAMA_CPP
 from .workloads import read_conversations, run_repeated
 
 logger = logging.getLogger(__name__)
@@ -37,6 +39,9 @@ DEFAULT_PROMPTS = ("humaneval", "mt_bench")
 DEFAULT_NUM_PROMPTS = 10
 # The suite's methods when none are named: the baselines and Domino without and with its cross-request store.
 REPEATED_METHODS = (AR, "prompt_lookup", "domino", "domino_cache")
+# Reference rows `--methods` may name (`references.py`): by default each runs where it can (the fp32 copy beside a
+# bfloat16 target, llama.cpp on the packaged target's GGUF when llama-cpp-python is installed).
+REFERENCE_CHOICES = (AR_STOCK_FP32, LLAMA_CPP)
 
 
 @dataclass
@@ -50,7 +55,7 @@ class BenchRequest:
     confidence_threshold: float | None = None
     max_draft_tokens: int | None = None
     assistant: str | None = None
-    dtype: str = "float32"
+    dtype: str = "auto"  # see `resolve_bench_dtype`
     draft_dtype: str = "auto"
     target_kernels: str = "auto"
     device: str = "cpu"
@@ -171,9 +176,9 @@ def choose_methods(requested: list[str] | None, assistant: str | None, suite: st
         if suite:
             return list(REPEATED_METHODS)
         return [m for m in ALL_METHODS if m in DEFAULT_METHODS or (m == "assisted" and assistant)]
-    unknown = [m for m in requested if m not in ALL_METHODS]
+    unknown = [m for m in requested if m not in ALL_METHODS + REFERENCE_CHOICES]
     if unknown:
-        raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS)}.")
+        raise UsageError(f"--methods: unknown {unknown}; choose from {','.join(ALL_METHODS + REFERENCE_CHOICES)}.")
     if "assisted" in requested and not assistant:
         raise UsageError(
             "--methods assisted needs --assistant NAME_OR_PATH (a small model sharing the target's tokenizer)."
@@ -218,16 +223,88 @@ def default_threads() -> int:
     return cpu_cores()
 
 
+def resolve_bench_dtype(name: str, device: str, kernels: str) -> tuple[str, str | None]:
+    """`--dtype` as a dtype name and, for `auto`, why: bfloat16 where the length-invariant bf16 kernels run (a CPU
+    target on optimized kernels, a CPU with AVX512-BF16, the kernels compiled), so that greedy decoding in bf16 is
+    exact; float32 elsewhere. An explicit name is kept as given (no reason)."""
+    if name != "auto":
+        return name, None
+    if device != "cpu":
+        why = f"the length-invariant bf16 kernels run on the CPU, not on {device}"
+    elif kernels != "optimized":
+        why = f"--target_kernels {kernels} runs stock kernels, not the length-invariant ones"
+    else:
+        why = exact_kernels.unsupported_reason(torch.bfloat16)
+        if why is None and exact_kernels.load_extension() is None:
+            why = f"the length-invariant kernels did not compile: {exact_kernels.extension_error()}"
+    if why is None:
+        return "bfloat16", "auto: greedy bf16 decoding is exact on this CPU's length-invariant kernels"
+    return "float32", f"auto: bfloat16 would not be exact here, as {why}"
+
+
+def greedy_identity_warning(dtype: str, temperature: float, target) -> str | None:
+    """The caution for a greedy run whose target is in half precision without length-invariant kernels (its
+    k-token verify and its one-token steps may round differently and flip a near-tied argmax); None otherwise: in
+    float32, when sampling, or on a target whose self-check proved the kernels (`domino_length_invariant`)."""
+    if dtype == "float32" or temperature > 0 or getattr(target, "domino_length_invariant", False):
+        return None
+    return (f"Greedy identity is only expected in float32 or on the length-invariant kernels, which this {dtype} "
+            "target does not run: a verify can flip a near-tied argmax (see `lossless` in the report).")
+
+
+def check_references(asked: list[str] | None, target: str, device: str, dtype: str) -> None:
+    """A reference row named in --methods that cannot mean anything here is a `UsageError` (before any load):
+    the float32 copy beside a float32 target, llama.cpp on a target without the packaged GGUF or off the CPU.
+    llama-cpp-python not being installed is not: that row is skipped with one line (`reference_rows`)."""
+    if not asked:
+        return
+    if AR_STOCK_FP32 in asked and dtype == "float32":
+        raise UsageError(f"--methods {AR_STOCK_FP32}: the target already runs float32, so its stock baseline is "
+                         "autoregressive_stock_kernels; use --dtype bfloat16 (or auto on a CPU with AVX512-BF16).")
+    why = llama_cpp_unavailable(target, device) if LLAMA_CPP in asked else None
+    if why and "not installed" not in why:
+        raise UsageError(f"--methods {LLAMA_CPP}: {why}.")
+
+
+def reference_rows(asked: list[str] | None, request: BenchRequest, device: str, dtype: str, methods: list[str],
+                   threads: int, context: int) -> list:
+    """The reference rows to time (`references.py`). `asked`: those named in --methods, or None (no --methods):
+    then the float32 copy runs beside a non-float32 target with `autoregressive` (a second load of the target), and
+    llama.cpp where it can (`references.llama_cpp_unavailable`); one line says why a row is left out."""
+    rows = []
+    fp32 = AR_STOCK_FP32 in asked if asked is not None else dtype != "float32" and AR in methods
+    if fp32 and dtype == "float32":  # --dtype auto fell back to float32 after loading
+        logger.info("%s row left out: the target runs float32 (its stock baseline is autoregressive_stock_kernels).",
+                    AR_STOCK_FP32)
+    elif fp32:
+        copy, _ = load_target(request.target, torch.float32, device, **request.target_options)
+        rows.append(StockFloat32Autoregressive(copy))
+    if asked is None or LLAMA_CPP in asked:
+        why = llama_cpp_unavailable(request.target, device)
+        if why is not None:
+            (logger.warning if asked else logger.info)("%s row skipped: %s.", LLAMA_CPP, why)
+        else:
+            row = load_llama_cpp(threads, context, seed=request.config.seed)
+            rows += [row] if row is not None else []
+    return rows
+
+
 def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     """Run the benchmark `request` describes and write its report; `(result, written paths)`.
 
     The methods, the draft, the prompt sources, the chat template and the report's place are checked before any
     model loads; a problem there, or a model that cannot be loaded, is a `UsageError`."""
-    dtype = torch_dtype(request.dtype)
     device = resolve_device(request.device)
+    if request.dtype != "auto":
+        torch_dtype(request.dtype)  # an unknown name fails here, before anything loads
     if request.suite is not None and request.suite not in SUITES:
         raise UsageError(f"--suite {request.suite}: unknown; choose from {', '.join(SUITES)}.")
     methods = choose_methods(request.methods, request.assistant, request.suite)
+    asked = [m for m in methods if m in REFERENCE_CHOICES] if request.methods is not None else None
+    methods = [m for m in methods if m not in REFERENCE_CHOICES]
+    kernels = request.target_kernels
+    if kernels == "auto":
+        kernels = "optimized" if device == "cpu" else "stock"
     batch_sizes = check_batch_sizes(request.batch_sizes, request.suite)
     if "domino_cache" in methods and not request.suite and request.config.repeats > 1:
         raise UsageError(
@@ -247,12 +324,28 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
         raise UsageError(str(err)) from None
     stem = request.stem
     refuse_overwrite(Path(request.out), [f"{stem}.json", f"{stem}.md"], request.overwrite_output_dir)
+    dtype_label, dtype_note = resolve_bench_dtype(request.dtype, device, kernels)  # may compile the kernels
+    check_references(asked, request.target, device, dtype_label)
     threads = request.threads or default_threads()  # after the argument checks: a usage error changes nothing
     torch.set_num_threads(threads)
-    if request.dtype != "float32" and request.config.temperature <= 0:
-        logger.warning("Greedy identity is only expected in float32: %s can flip near-tied argmaxes.", request.dtype)
+    if dtype_note:
+        logger.info("--dtype auto: %s (%s).", dtype_label, dtype_note)
 
-    target, tokenizer = load_target(request.target, dtype, device, **request.target_options)
+    target, tokenizer = load_target(request.target, torch_dtype(dtype_label), device, **request.target_options)
+    if kernels == "optimized":
+        optimize_for_cpu(target)
+    if dtype_note and dtype_label != "float32" and not getattr(target, "domino_length_invariant", False):
+        dtype_note = ("auto: bfloat16 would not be exact here, as the length-invariant kernels did not hold for "
+                      "this target (the line above says why)")
+        logger.warning("--dtype auto: %s; float32 instead.", dtype_note)
+        dtype_label, target = "float32", None
+        target, tokenizer = load_target(request.target, torch.float32, device, **request.target_options)
+        if kernels == "optimized":
+            optimize_for_cpu(target)
+    dtype = torch_dtype(dtype_label)
+    warning = greedy_identity_warning(dtype_label, request.config.temperature, target)
+    if warning:
+        logger.warning("%s", warning)
     draft_dtype = resolve_draft_dtype(request.draft_dtype, dtype, device)
     draft = load_draft(draft_name, draft_dtype, device) if draft_name else None
     drafting = {}  # the draft's own drafting defaults (its generation_config), as this run overrides them
@@ -263,11 +356,8 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
             draft.generation_config.max_draft_tokens = request.max_draft_tokens
         drafting = draft_level_settings(draft.generation_config, draft.config)
     assistant = load_assistant(request.assistant, dtype, device) if request.assistant else None
-    kernels = request.target_kernels
-    if kernels == "auto":
-        kernels = "optimized" if device == "cpu" else "stock"
     if kernels == "optimized":
-        for model in (target, draft, assistant):
+        for model in (draft, assistant):
             if model is not None:
                 optimize_for_cpu(model)
     if request.suite:
@@ -277,6 +367,8 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     else:
         prompts = build_prompts(tokenizer, request.prompts, request.num_prompts, request.system,
                                 request.chat_template)
+    context = 0 if request.suite else max(len(p.input_ids) for p in prompts) + request.config.max_new_tokens + 1
+    references = reference_rows(asked, request, device, dtype_label, methods, threads, context)
     config = dataclasses.replace(
         request.config,
         methods=tuple(methods),
@@ -284,7 +376,10 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
             "target": request.target,
             "draft": draft_name,
             "assistant": request.assistant,
-            "dtype": request.dtype,
+            "dtype": dtype_label,
+            "dtype_note": dtype_note,
+            "length_invariant": bool(getattr(target, "domino_length_invariant", False)),
+            "llama_cpp": llama_cpp_version() if any(m.name == LLAMA_CPP for m in references) else None,
             "draft_dtype": dtype_name(draft_dtype) if draft is not None else None,
             "device": device,
             "sources": request.prompts,
@@ -301,12 +396,12 @@ def run_bench(request: BenchRequest) -> tuple[dict, dict]:
     )
     if request.suite:
         result = run_repeated(target, tokenizer, conversations, config, draft=draft, assistant=assistant,
-                              system=request.system, chat_template=request.chat_template)
+                              system=request.system, chat_template=request.chat_template, references=references)
     elif batch_sizes == [1]:
-        result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant)
+        result = run_benchmark(target, prompts, config, draft=draft, assistant=assistant, references=references)
     else:
         result = run_batch_sizes(target, prompts, config, batch_sizes, draft=draft, assistant=assistant,
-                                 pad_token_id=tokenizer.pad_token_id)
+                                 pad_token_id=tokenizer.pad_token_id, references=references)
     if request.humaneval_pass1:
         result["humaneval_pass1"] = humaneval_pass1(
             target,

@@ -37,6 +37,7 @@ import logging
 from pathlib import Path
 
 from .instrument import PHASES
+from .references import NOT_CHECKED, reference_notes
 from .stats import AR_STOCK, repeat_spread
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ def _fmt(value, pattern="{:.2f}", missing="–"):
 
 
 def _lossless(value, name: str = "") -> str:
-    if value is None and name == AR_STOCK:
-        return "n/a (other kernels)"
+    if value is None and name in NOT_CHECKED:
+        return NOT_CHECKED[name]
     return {True: "yes", False: "**NO**", None: "n/a (sampling)"}[value]
 
 
@@ -71,8 +72,9 @@ def methods_table(methods: dict, spread: dict | None = None) -> str:
     the repeats."""
     spread = spread or {}
     vs_stock = any(m.get("speedup_vs_stock") is not None for m in methods.values())
+    vs_fp32 = any(m.get("speedup_vs_stock_fp32") is not None for m in methods.values())
     header = ["method", "τ", "speedup", *(["speedup per repeat, min–max"] if spread else []),
-              *(["vs stock transformers"] if vs_stock else [])]
+              *(["vs stock transformers"] if vs_stock else []), *(["vs stock fp32"] if vs_fp32 else [])]
     sources = any(m.get("step_sources") for m in methods.values())
     cache = any((m.get("step_sources") or {}).get("cache") for m in methods.values())
     columns = "steps: lookup / cache / plain" if cache else "steps: lookup / plain"
@@ -84,6 +86,7 @@ def methods_table(methods: dict, spread: dict | None = None) -> str:
             _fmt(m["speedup"], "{:.2f}×"),
             *([f"{spread[name][0]:.2f}–{spread[name][1]:.2f}×" if name in spread else "–"] if spread else []),
             *([_fmt(m.get("speedup_vs_stock"), "{:.2f}×")] if vs_stock else []),
+            *([_fmt(m.get("speedup_vs_stock_fp32"), "{:.2f}×")] if vs_fp32 else []),
             _fmt(m["decode_ms_per_token"], "{:.1f}"),
             _fmt(m["tokens_per_s"], "{:.1f}"),
             *([_shares(m.get("step_sources"), cache)] if sources else []),
@@ -280,6 +283,15 @@ def draft_dtype_note(config: dict) -> str:
     return f" (draft {dtype})" if dtype and dtype != config.get("dtype") else ""
 
 
+def dtype_note(config: dict) -> str:
+    """Why the target runs its dtype (`--dtype auto`) and whether its kernels are length-invariant (self-checked at
+    load: greedy output exact in any dtype)."""
+    note = config.get("dtype_note")
+    invariant = "target on the length-invariant kernels, self-checked at load" if config.get("length_invariant") else ""
+    inside = "; ".join(part for part in (note, invariant) if part)
+    return f" ({inside})" if inside else ""
+
+
 HUB_KERNELS_NOTE = (" transformers kernelized the target at load (its default from 5.25: a layer with a Hub kernel for "
                     "this device runs it; `USE_HUB_KERNELS=0` turns it off), in every method alike.")
 
@@ -309,7 +321,8 @@ def markdown(result: dict) -> str:
         "",
         f"Target `{config.get('target', '?')}`, draft `{config.get('draft', '–')}`; prompts: {sets}; "
         f"{config['max_new_tokens']} new tokens, {mode}, {config['repeats']} repeat(s){', ' * bool(warmup)}{warmup}, "
-        f"dtype {config.get('dtype', '?')}{draft_dtype_note(config)}, device {config.get('device', '?')}.",
+        f"dtype {config.get('dtype', '?')}{dtype_note(config)}{draft_dtype_note(config)}, device "
+        f"{config.get('device', '?')}.",
     ]
     kernels = f"(`{config.get('target_kernels', 'stock')}`)."
     hub_note = HUB_KERNELS_NOTE * bool(config.get("target_hub_kernels"))
@@ -319,7 +332,8 @@ def markdown(result: dict) -> str:
             "",
             "τ = tokens per target forward (bonus included); speedup = autoregressive decode time per token ÷ the "
             "method's (prefill excluded, medians over prompts × repeats), every method on the same target kernels "
-            f"{kernels}" + STOCK_NOTE * (AR_STOCK in result["methods"]) + hub_note,
+            f"{kernels}" + STOCK_NOTE * (AR_STOCK in result["methods"])
+            + reference_notes(config, result["methods"]) + hub_note,
             "",
             methods_table(result["methods"], spread),
         ]

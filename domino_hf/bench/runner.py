@@ -93,6 +93,8 @@ class Method:
 
     name = AR
     drafter: torch.nn.Module | None = None  # module whose forward counts as draft time
+    # the model that generates when it is not the target (a reference copy): its forwards are probed as the target's
+    generator: torch.nn.Module | None = None
 
     def config_fields(self) -> dict:
         return {}
@@ -303,20 +305,26 @@ class Probes:
     They synchronise CUDA only when profiling: the step counts they give need no synchronisation.
     """
 
-    def __init__(self, target, drafters, profile: bool):
+    def __init__(self, target, drafters, profile: bool, generators=()):
         self.profile = profile
         sync = profile and target.device.type == "cuda"
         self.target = ForwardProbe(target, synchronize=sync)
         self.drafters = {id(m): ForwardProbe(m, synchronize=sync) for m in drafters if m is not None}
+        self.generators = {id(m): ForwardProbe(m, synchronize=sync) for m in generators if m is not None}
+
+    def of(self, method: Method) -> ForwardProbe:
+        """The probe on the model that generates for `method`: its own `generator`, else the target."""
+        return self.generators.get(id(method.generator), self.target)
+
+    def _all(self) -> list[ForwardProbe]:
+        return [self.target, *self.drafters.values(), *self.generators.values()]
 
     def reset(self):
-        self.target.reset()
-        for probe in self.drafters.values():
+        for probe in self._all():
             probe.reset()
 
     def remove(self):
-        self.target.remove()
-        for probe in self.drafters.values():
+        for probe in self._all():
             probe.remove()
 
 
@@ -336,13 +344,16 @@ def run_once(target, method: Method, prompt: BenchPrompt, repeat: int, generatio
         phases = method.phase_timings()
     output_ids = output[0, input_ids.shape[1] :].tolist()
     chunks = streamer.chunks
-    calls = probes.target.calls
+    calls = probes.of(method).calls
     t_first = chunks[0][0] if chunks else t1
     if streamed_late(calls, chunks):  # the draft-tree loop streams after each step: decode from the prefill's end
         t_first = calls[0].end
     t_last = chunks[-1][0] if chunks else t1
     sizes = chunks_per_forward(calls, chunks)
-    probe_drafted, probe_accepted = steps_from_probe(calls, sizes)
+    if calls:
+        probe_drafted, probe_accepted = steps_from_probe(calls, sizes)
+    else:  # another engine generated (llama.cpp): one step per streamed chunk after the first, nothing drafted
+        probe_drafted, probe_accepted = [0] * len(sizes[1:]), [max(n - 1, 0) for n in sizes[1:]]
     drafted, accepted = probe_drafted, probe_accepted
     tau_from_stats = None
     if stats_steps is not None:
@@ -400,8 +411,10 @@ def environment() -> dict:
     }
 
 
-def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft=None, assistant=None) -> dict:
-    """Run every method of `config` on every prompt; return the JSON-ready result (see `report.py`).
+def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft=None, assistant=None,
+                  references: list[Method] = ()) -> dict:
+    """Run every method of `config` on every prompt, and the `references` (`references.py`: reference rows that
+    generate on another model or engine) after them; return the JSON-ready result (see `report.py`).
 
     Keys: `config`, `methods`, `by_set` (when several prompt sets), `profile` (when profiling), `mismatches`,
     `runs`.
@@ -409,9 +422,9 @@ def run_benchmark(target, prompts: list[BenchPrompt], config: BenchConfig, draft
     if not prompts:
         raise ValueError("No prompts to benchmark.")
     profile = resolve_profile(config.profile, target.device)
-    methods, kernels = prepare_methods(target, config, draft, assistant, profile)
+    methods, kernels = prepare_methods(target, config, draft, assistant, profile, references)
     generation_config = make_generation_config(target, config.max_new_tokens, config.temperature)
-    probes = Probes(target, [assistant], profile)
+    probes = Probes(target, [assistant], profile, [m.generator for m in methods])
     try:
         runs = run_interleaved(target, methods, prompts, config, generation_config, probes, run_once)
     finally:
@@ -448,10 +461,11 @@ def run_interleaved(target, methods: list[Method], items: list, config: BenchCon
     return records
 
 
-def prepare_methods(target, config: BenchConfig, draft=None, assistant=None,
-                    profile: bool = False) -> tuple[list[Method], str]:
+def prepare_methods(target, config: BenchConfig, draft=None, assistant=None, profile: bool = False,
+                    references: list[Method] = ()) -> tuple[list[Method], str]:
     """The methods of `config` and the target's kernels (`optimized` / `stock`); on optimized kernels, with
-    `autoregressive` asked for, plain decoding on stock kernels is appended as the second baseline.
+    `autoregressive` asked for, plain decoding on stock kernels (in the target's dtype: the same model object) is
+    appended as the second baseline, then the `references`.
 
     Args:
         target (`PreTrainedModel`): the loaded target.
@@ -463,7 +477,7 @@ def prepare_methods(target, config: BenchConfig, draft=None, assistant=None,
     kernels = "optimized" if is_optimized(target) else "stock"
     if kernels == "optimized" and AR in config.methods:
         methods.append(StockAutoregressive(target))
-    return methods, kernels
+    return methods + list(references), kernels
 
 
 def warm_up(target, methods: list[Method], prompt: BenchPrompt, config: BenchConfig, generation_config,

@@ -27,6 +27,12 @@ AR = "autoregressive"
 # `speedup_vs_stock` is what a user switching from stock `generate` gains. Its tokens are not lossless-checked:
 # another kernel set may flip a near-tied argmax.
 AR_STOCK = "autoregressive_stock_kernels"
+# Plain decoding by a second, float32 copy of the target on stock kernels, timed beside a bfloat16 target
+# (`speedup_vs_stock_fp32`: what bf16 on the product's kernels gains over stock transformers in fp32), and llama.cpp
+# decoding the packaged target's GGUF (`references.py`): reference rows, not lossless-checked either.
+AR_STOCK_FP32 = "autoregressive_stock_fp32"
+LLAMA_CPP = "llama_cpp"
+REFERENCE_METHODS = (AR_STOCK, AR_STOCK_FP32, LLAMA_CPP)
 MAX_REPORTED_MISMATCHES = 20
 # Where a Domino draft's proposal of a step came from: its block, a span of the context (lookup), a span of the
 # cross-request store (cache), or nothing (a plain target step).
@@ -62,7 +68,8 @@ def ratio(num: float | None, den: float | None) -> float | None:
 
 
 def summarize_method(
-    runs: list[RunRecord], ar_runs: list[RunRecord] | None, stock_runs: list[RunRecord] | None = None
+    runs: list[RunRecord], ar_runs: list[RunRecord] | None, stock_runs: list[RunRecord] | None = None,
+    fp32_runs: list[RunRecord] | None = None,
 ) -> dict:
     """Aggregate the runs of one method (optionally restricted to one prompt set)."""
     drafted = [d for r in runs for d in r.drafted]
@@ -74,6 +81,7 @@ def summarize_method(
         "speedup": None,
         "speedup_paired": None,
         "speedup_vs_stock": None,
+        "speedup_vs_stock_fp32": None,
         "tokens_per_s": ratio(sum(r.new_tokens for r in runs), sum(r.total_s for r in runs)),
         "decode_ms_per_token": ms,
         "prefill_ms": median([1000 * r.prefill_s for r in runs]),
@@ -99,6 +107,8 @@ def summarize_method(
         result["speedup_paired"] = 1.0 if runs is ar_runs else median(paired)
     if stock_runs:
         result["speedup_vs_stock"] = ratio(median([r.decode_ms_per_token for r in stock_runs]), ms)
+    if fp32_runs:
+        result["speedup_vs_stock_fp32"] = ratio(median([r.decode_ms_per_token for r in fp32_runs]), ms)
     return result
 
 
@@ -167,7 +177,7 @@ def find_mismatches(runs: list[RunRecord]) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = defaultdict(list)
     for r in runs:
         ref = reference.get((r.prompt_set, r.prompt_id))
-        if ref is None or r.output_ids == ref or r.method == AR_STOCK:
+        if ref is None or r.output_ids == ref or r.method in REFERENCE_METHODS:
             continue
         pos = next((i for i, (a, b) in enumerate(zip(ref, r.output_ids)) if a != b), min(len(ref), len(r.output_ids)))
         out[r.method].append(
@@ -194,10 +204,10 @@ def summarize(runs: list[RunRecord], methods: list[str], greedy: bool, profile: 
     mismatches = find_mismatches(runs) if greedy else {}
 
     def block(selected: dict[str, list[RunRecord]], scope: set[str]) -> dict:
-        ar_runs, stock_runs = selected.get(AR), selected.get(AR_STOCK)
-        summary = {m: summarize_method(selected[m], ar_runs, stock_runs) for m in methods if selected.get(m)}
+        ar_runs, stock_runs, fp32_runs = selected.get(AR), selected.get(AR_STOCK), selected.get(AR_STOCK_FP32)
+        summary = {m: summarize_method(selected[m], ar_runs, stock_runs, fp32_runs) for m in methods if selected.get(m)}
         for name, values in summary.items():
-            checked = greedy and name != AR_STOCK
+            checked = greedy and name not in REFERENCE_METHODS
             bad = sum(x["set"] in scope for x in mismatches.get(name, []))
             values["lossless"] = (bad == 0) if checked else None
             values["mismatched_runs"] = bad if checked else None
@@ -209,8 +219,9 @@ def summarize(runs: list[RunRecord], methods: list[str], greedy: bool, profile: 
         result["by_set"] = {
             s: block({m: [r for r in rs if r.prompt_set == s] for m, rs in by_method.items()}, {s}) for s in sets
         }
-    if profile:
-        result["profile"] = {m: profile_method(by_method[m]) for m in methods if by_method.get(m)}
+    if profile:  # not for another engine's runs (llama.cpp): no forward of theirs was probed
+        result["profile"] = {m: profile_method(by_method[m]) for m in methods
+                             if any(r.target_prefill_s for r in by_method.get(m, ()))}
     result["mismatches"] = {m: found[:MAX_REPORTED_MISMATCHES] for m, found in mismatches.items()}
     return result
 

@@ -265,7 +265,7 @@ def pooled_cost(by_set: dict[str, dict[str, dict]]) -> dict[str, dict]:
 
 
 def run_repeated(target, tokenizer, conversations: list[Conversation], config: BenchConfig, draft=None,
-                 assistant=None, system: str | None = None, chat_template: str = "auto") -> dict:
+                 assistant=None, system: str | None = None, chat_template: str = "auto", references=()) -> dict:
     """Run the repeated-workload suite; the JSON-ready result of `runner.run_benchmark` plus `suffix_cache`.
 
     Args:
@@ -277,14 +277,15 @@ def run_repeated(target, tokenizer, conversations: list[Conversation], config: B
         assistant (`PreTrainedModel`, *optional*): the model of `assisted`.
         system (`str`, *optional*): a system prompt for every conversation.
         chat_template (`str`): as `chat.chat_input_ids` takes it.
+        references (`list[Method]`): reference rows, as for `run_benchmark`.
     """
     if not conversations:
         raise ValueError("No conversations to benchmark.")
     from tqdm.auto import tqdm
 
     profile = resolve_profile(config.profile, target.device)
-    methods, kernels = prepare_methods(target, config, draft, assistant, profile)
-    probes = Probes(target, [assistant], profile)
+    methods, kernels = prepare_methods(target, config, draft, assistant, profile, references)
+    probes = Probes(target, [assistant], profile, [m.generator for m in methods])
     suite = _Suite(target, tokenizer, config, methods, probes, system, chat_template)
     workloads = _workloads(conversations)
     total = len(methods) * config.repeats * sum(len(c.turns) for c in conversations)
