@@ -245,3 +245,27 @@ def test_llama_cpp_decodes_the_packaged_gguf():
     assert streamer.chunk_sizes == [1] * 6 and streamer.t_end is not None
     assert method.generate(None, ids, config, None).tolist() == first.tolist()  # greedy and reset: deterministic
     assert "Paris" in tokenizer.decode(first[0, ids.shape[1]:])
+
+
+@pytest.mark.integration
+def test_bench_on_the_packaged_target_with_its_reference_rows(tmp_path):
+    """`domino bench` on the real SmolLM2 target: `--dtype auto`, plain decoding with the float32 stock copy and
+    llama.cpp on the same GGUF beside it (one prompt, a few tokens: the plumbing, not a timing)."""
+    from conftest import requires_offline_target
+
+    requires_offline_target()
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python is not installed (the serve extra)")
+    methods = [AR] + [AR_STOCK_FP32] * BF16_EXACT + [LLAMA_CPP]
+    request = pipeline.BenchRequest(methods=methods, prompts=["humaneval"], num_prompts=1, threads=1,
+                                    config=BenchConfig(max_new_tokens=8, progress=False), out=str(tmp_path),
+                                    plots=False)
+    result, _ = pipeline.run_bench(request)
+    config, rows = result["config"], result["methods"]
+    assert config["dtype"] == ("bfloat16" if BF16_EXACT else "float32") and config["dtype_note"].startswith("auto:")
+    assert config["length_invariant"] is exact_kernels.supported(torch.float32)
+    assert list(rows) == [AR, AR_STOCK, *methods[1:]] and config["llama_cpp"]
+    assert rows[AR]["lossless"] is True and rows[LLAMA_CPP]["lossless"] is None
+    assert rows[LLAMA_CPP]["new_tokens"] == 8 and rows[LLAMA_CPP]["decode_ms_per_token"] > 0
+    if BF16_EXACT:
+        assert rows[AR]["speedup_vs_stock_fp32"] is not None
