@@ -314,7 +314,7 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None, kernels: s
             sum(skipped.values()),
             f" ({detail})" if detail else "",
         )
-    if layers:
+    if layers and not invariant:  # the length-invariant kernel runs every length (said above)
         logger.info("optimize_for_cpu: kernels by forward rows on this CPU: %s.", describe_kernels(layers))
     if not invariant:
         _use_fast_attention_and_cache(model)
