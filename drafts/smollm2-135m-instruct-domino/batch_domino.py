@@ -243,7 +243,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self._append(new, accepted + 1, context_features(out.hidden_states, self.layer_ids))
         for i, row in enumerate(self.rows.tolist()):
             source = proposal.sources[i] if q > 1 and int(proposed[i]) > 0 else "none"
-            kept = self.generated[row] - before[i] - 1  # accepted tokens the row kept (its end may cut some)
+            kept = max(self.generated[row] - before[i] - 1, 0)  # accepted tokens the row kept (its end may cut some)
             for record in (self.stats, self.stats.per_row[row]):
                 record.record(int(proposed[i]) if source != "none" else 0, kept, source, drafting)
         self._lap = lap  # `decode` adds the replay and rows leaving to `rows`
@@ -464,6 +464,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         queue the target features of the verified positions (`counts[i]` of `features[i]`) for the next draft
         forward."""
         for i, row in enumerate(self.rows.tolist()):
+            if self.final[row] is not None:  # the stop string of a row before it in this step ended the batch
+                continue
             end, tokens = self.generated[row], new[i]
             for k, token in enumerate(tokens):
                 self.sequences[row, self.width + end + k] = token

@@ -28,7 +28,7 @@ class RowEnds:
             sequence = self.sequences[row : row + 1, : self.width + length]
             if any(bool(torch.as_tensor(c(sequence, None)).any()) for c in self.row_criteria):
                 self._flag(row, length)
-                return self.pad_finished
+                return self.pad_finished or length >= self.stop_at  # this row's flag may have ended the batch
         return False
 
     def _flag(self, row: int, column: int) -> None:
@@ -40,7 +40,9 @@ class RowEnds:
                 self.final[row] = column
                 self.generated[row] = min(self.generated[row], column)
         elif all(flag is not False or end is not None for flag, end in zip(self.flagged, self.final)):
-            self.stop_at = min(self.stop_at, max(flag for flag in self.flagged if flag is not False))
+            # the batch ends where its last row ended: at a flag, or at the length limit without one
+            ends = [end if flag is False else flag for flag, end in zip(self.flagged, self.final)]
+            self.stop_at = min(self.stop_at, max(ends))
             for r in range(len(self.final)):
                 if self.generated[r] >= self.stop_at:
                     self.final[r] = self.stop_at
