@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import importlib
 import logging
 import weakref
@@ -241,8 +242,10 @@ def decode_batch(draft, target, arguments: dict):
     settings = resolve_drafting_settings(draft, config)
     rows = arguments["input_ids"].shape[0]
     if settings.use_draft_tree and rows > 1:
+        several = config.num_return_sequences
+        what = f"{rows // several} prompt(s) × num_return_sequences={several}" if several > 1 else f"{rows} prompts"
         raise ValueError(
-            f"use_draft_tree=True with a batch of {rows} prompts: draft trees are verified one prompt at a time. "
+            f"use_draft_tree=True with a batch of {what}: draft trees are verified one prompt at a time. "
             "Pass use_draft_tree=False to decode the batch with chains (set on the call, or on "
             "draft.generation_config when it is the draft's default), or generate one prompt at a time."
         )
@@ -489,6 +492,12 @@ def install_generate_hook() -> None:
             )
         if is_domino_draft(assistant):
             _validate_domino_request(self, assistant, generation_config)
+            if generation_config.num_return_sequences > 1:
+                # transformers refuses several sequences per prompt for every assistant (its loop verifies one
+                # row); `generate` repeats each prompt `num_return_sequences` times, as for plain sampling, and
+                # the rows go to the batched verify loop. (Greedy with several is refused earlier, as plain.)
+                generation_config = copy.copy(generation_config)
+                generation_config.num_return_sequences = 1
         elif (assistant is not None and generation_config.speculation_type is None
               and _looks_like_domino_checkpoint(assistant)):
             # (with `speculation_type="dflash"` the draft goes to transformers' own DFlash drafting, untouched)
