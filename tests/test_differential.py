@@ -82,6 +82,9 @@ def cases(draw):
             "max_draft_tokens": st.integers(1, 6),
             "context_lookup_tokens": st.just(0),
             "num_assistant_tokens_schedule": st.just("heuristic"),
+            "draft_confidence_threshold": st.sampled_from([0.0, 0.3, 0.9]),
+            "cut_lookup_spans": st.booleans(),
+            "draft_backoff": st.booleans(),
         })),
         "processors": draw(st.fixed_dictionaries({}, optional={
             "repetition_penalty": st.sampled_from([0.7, 1.5, 3.0]),
