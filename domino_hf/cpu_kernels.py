@@ -32,12 +32,12 @@ Outputs are not bit-identical to stock kernels (another summation order), but as
 get (≤ 1e-4 on logits in the tests); the target with optimized kernels is the model you decode with, and
 speculative decoding stays exactly lossless against plain decoding *on the same kernels*.
 
-By default (`kernels="auto"`) the kernel of every length is the length-invariant one (`exact_kernels`, `EXACT`)
-where this CPU has it for the model's dtype: each output computed in one fixed order whatever the forward's length,
-so a token's logits are bitwise the same in a plain step and in a verify, in fp32 and bf16 alike. The target's
-attention then runs on `exact_kernels.ATTENTION_NAME`, and a self-check at load proves the whole forward
+With `kernels="invariant"`, and by default for a bf16 target, the kernel of every length is the length-invariant
+one (`exact_kernels`, `EXACT`) where this CPU has it for the model's dtype: each output computed in one fixed order
+whatever the forward's length, so a token's logits are bitwise the same in a plain step and in a verify. The
+target's attention then runs on `exact_kernels.ATTENTION_NAME`, and a self-check at load proves the whole forward
 (`model.domino_length_invariant`); where that cannot hold, one log line says why and the calibrated kernels above
-run. `kernels="fastest"` asks for those directly.
+run (with "invariant", it raises). `kernels="fastest"` asks for those directly.
 """
 
 from __future__ import annotations
@@ -256,10 +256,12 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None, kernels: s
     """Run every plain `nn.Linear` of `model` on the length-invariant kernels, or on the fastest of stock MKL,
     packed oneDNN and packed MKL weights for each forward length; see the module doc.
 
-    `kernels`: "auto" (the default) runs the length-invariant kernels (`exact_kernels`: a token's logits bitwise
-    the same in a one-token step, a verify, a tree or a padded batch) where this CPU has them for the model's dtype
-    and, for a model that generates, its self-check passes; else, saying why in one log line, the calibrated
-    fastest kernels. "invariant" raises instead of falling back; "fastest" skips them.
+    `kernels`: "invariant" runs the length-invariant kernels (`exact_kernels`: a token's logits bitwise the same in
+    a one-token step, a verify, a tree or a padded batch) and raises where this CPU lacks them for the model's dtype
+    or, for a model that generates, the self-check fails. "auto" (the default) does so for a bf16 causal LM (the one
+    case the fastest kernels leave inexact), falling back to the fastest kernels with one log line; other models
+    (fp32 targets, drafts) get the fastest kernels, which multi-token forwards run faster on
+    (docs/cpu_kernels.md). "fastest" never uses them.
 
     `stock_rows`: None (the default) measures, per layer shape on this CPU, which kernel is the fastest at each
     forward length (`calibrate_kernels`); an int n keeps the stock kernel for forwards of at most n rows
@@ -298,8 +300,10 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None, kernels: s
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"optimize_for_cpu: kernels={kernels!r}; choose one of {', '.join(KERNEL_CHOICES)}.")
     every = [m for m in model.modules() if type(m) is PackedLinear]
-    invariant = kernels != "fastest" and stock_rows is None and _use_invariant_kernels(model, every, kernels)
+    invariant = stock_rows is None and _wants_invariant_kernels(model, every, kernels) and _use_invariant_kernels(
+        model, every, kernels)
     if not invariant:
+        model.domino_length_invariant = False
         if stock_rows is None:
             calibrate_kernels(layers)
         for layer in layers:
@@ -325,6 +329,18 @@ KERNEL_CHOICES = ("auto", "invariant", "fastest")
 INVARIANT_TABLE = (EXACT,) * (ROW_CANDIDATES[-1] + 1)
 
 
+def _generates(model: nn.Module) -> bool:
+    """A causal LM (a target): its attention and whole forward count; a draft (no output embeddings) only proposes."""
+    return callable(getattr(model, "can_generate", None)) and model.can_generate() and callable(
+        getattr(model, "get_output_embeddings", None)) and model.get_output_embeddings() is not None
+
+
+def _wants_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels: str) -> bool:
+    if kernels != "auto":
+        return kernels == "invariant"
+    return _generates(model) and bool(layers) and all(layer.weight.dtype == torch.bfloat16 for layer in layers)
+
+
 def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels: str) -> bool:
     """Put `layers` and, for a model that generates, its attention on the length-invariant kernels and prove them
     with `exact_kernels.self_check`; True when they run. Otherwise (another CPU or dtype, no compiler, a failed
@@ -334,9 +350,7 @@ def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels
     reason = next(filter(None, map(exact_kernels.unsupported_reason, dtypes)), None)
     if reason is None and exact_kernels.load_extension() is None:
         reason = f"the kernels did not compile ({exact_kernels.extension_error()})"
-    # a causal LM (the target): its attention and whole forward; a draft (no output embeddings) only proposes
-    generates = callable(getattr(model, "can_generate", None)) and model.can_generate() and callable(
-        getattr(model, "get_output_embeddings", None)) and model.get_output_embeddings() is not None
+    generates = _generates(model)
     tables = [layer.kernel_table for layer in layers]
     if reason is None:
         for layer in layers:

@@ -142,7 +142,8 @@ def test_generation_is_lossless_on_them_in_every_path(fitted_pair, arch, dtype, 
     """Greedy Domino output equals plain decoding on the same (bf16 included) target: one prompt, a draft tree,
     and a left-padded batch; the bf16 inexactness warning is not given."""
     target, draft, prompts = fitted_pair(arch)
-    target, draft = optimize_for_cpu(copy.deepcopy(target).to(dtype)), optimize_for_cpu(draft.to(dtype))
+    target = optimize_for_cpu(copy.deepcopy(target).to(dtype), kernels="invariant")
+    draft = optimize_for_cpu(draft.to(dtype))
     assert target.domino_length_invariant
     tree = copy.deepcopy(draft)
     tree.generation_config.use_draft_tree = True
@@ -158,13 +159,26 @@ def test_generation_is_lossless_on_them_in_every_path(fitted_pair, arch, dtype, 
     assert "rounds differently" not in caplog.text
 
 
-@needs_fp32
+needs_bf16 = pytest.mark.skipif(BF16_REASON is not None, reason=f"no bf16: {BF16_REASON}")
+
+
+def test_by_default_only_a_bf16_target_takes_them():
+    """fp32 targets and drafts keep the fastest kernels unless asked (multi-token forwards run faster there)."""
+    fp32 = optimize_for_cpu(make_tiny_target("llama", vocab_size=32))
+    assert not fp32.domino_length_invariant
+    assert all(EXACT not in m.kernel_table for m in fp32.modules() if type(m) is PackedLinear)
+    if BF16_REASON is None:
+        bf16 = optimize_for_cpu(make_tiny_target("llama", vocab_size=32).to(torch.bfloat16))
+        assert bf16.domino_length_invariant
+
+
+@needs_bf16
 def test_a_failing_self_check_keeps_the_fastest_kernels(monkeypatch, caplog):
     """Negative control: a linear kernel whose result depends on the rows in the call fails the self-check;
     optimize_for_cpu then says so in one line and runs the calibrated kernels ("invariant" raises)."""
     monkeypatch.setattr(exact_kernels, "linear", lambda x, w, b: torch.nn.functional.linear(x, w, b) * (
-        1 + 1e-3 * (x.numel() // x.shape[-1] > 1)))
-    target = make_tiny_target("llama", vocab_size=32)
+        1 + 2**-5 * (x.numel() // x.shape[-1] > 1)))  # exact in bf16
+    target = make_tiny_target("llama", vocab_size=32).to(torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
         optimize_for_cpu(target)
     assert "self-check failed" in caplog.text and "the fastest kernels run instead" in caplog.text
@@ -177,7 +191,7 @@ def test_a_failing_self_check_keeps_the_fastest_kernels(monkeypatch, caplog):
 def test_a_cpu_without_the_instructions_says_why_in_one_line(monkeypatch, caplog):
     monkeypatch.setattr(exact_kernels, "cpu_info", lambda: {"model": "x", "flags": ["avx2", "fma"]})
     assert "avx512f" in exact_kernels.unsupported_reason(torch.float32)
-    target = make_tiny_target("llama", vocab_size=32)
+    target = make_tiny_target("llama", vocab_size=32).to(torch.bfloat16)
     with caplog.at_level(logging.INFO, logger="domino_hf.cpu_kernels"):
         optimize_for_cpu(target)
     said = [r.message for r in caplog.records if "length-invariant kernels not used" in r.message]
