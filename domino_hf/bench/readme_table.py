@@ -62,7 +62,8 @@ def command(config: dict) -> str:
 
 
 CPU_KINDS_NOTE = (
-    "τ is the same on every CPU: the draft proposes the same tokens. The speedup follows what a Domino verify step "
+    "τ is the same on every CPU for the same target dtype: the draft proposes the same tokens (a bf16 target answers "
+    "a little differently, hence a slightly different τ). The speedup follows what a Domino verify step "
     "(the target over the drafted tokens) costs against a plain one-token step on that CPU's kernels (target ms per "
     "step, from each report's profile): the closer that ratio is to 1, the more of τ becomes speedup."
 )
