@@ -9,9 +9,10 @@ kernel sets, contexts and lengths are timed interleaved (every repeat runs each 
 shared machine hits all alike. Kernel sets:
 
 * `stock`: transformers as installed (`nn.Linear` → MKL sgemm in fp32, "sdpa" attention, `DynamicCache`);
-* `optimized`: `domino_hf.optimize_for_cpu` as it runs by default: the length-invariant kernels where this CPU has
-  them (linear layers and attention whose every output is computed in one fixed order, `GrowingCache`), else
-  the `fastest` set;
+* `optimized`: `domino_hf.optimize_for_cpu` as it runs by default: for a bf16 target the length-invariant kernels
+  where this CPU has them, else the `fastest` set;
+* `invariant`: `optimize_for_cpu(kernels="invariant")`: linear layers and attention whose every output is computed
+  in one fixed order, `GrowingCache`;
 * `fastest`: `optimize_for_cpu(kernels="fastest")` (each linear layer, at each forward length, on the fastest of
   stock MKL, packed oneDNN and packed MKL measured on this CPU, grouped-query attention without repeated heads,
   `GrowingCache`);
@@ -51,7 +52,7 @@ from domino_hf.kv_cache import GrowingCache, use_default_cache
 from domino_hf.modeling.dispatch_domino import CACHE_ARGUMENT
 from domino_hf.targets import load_target
 
-KERNEL_SETS = ("stock", "optimized", "fastest", "linear-only", "packed", "compiled")
+KERNEL_SETS = ("stock", "optimized", "invariant", "fastest", "linear-only", "packed", "compiled")
 TARGETS = {"verify(5)": 1.2, "verify(9)": 1.35}  # cost(k) / cost(1) the optimized kernels aim at, long contexts
 
 
@@ -105,7 +106,7 @@ def kernel_set(name: str, model):
     if name == "compiled":
         return compiled_model(copy.deepcopy(model)), DynamicCache
     runner = optimize_for_cpu(copy.deepcopy(model), stock_rows=0 if name == "packed" else None,
-                              kernels="auto" if name == "optimized" else "fastest")
+                              kernels=name if name == "invariant" else "auto" if name == "optimized" else "fastest")
     if name == "linear-only":
         use_stock_attention(runner)
         use_default_cache(runner)
