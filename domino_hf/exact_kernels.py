@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .cpu_attention import _STOCK_ONLY_KWARGS, _stock_sdpa
 from .dtypes import cpu_info
 
 logger = logging.getLogger(__name__)
@@ -47,8 +48,6 @@ SOURCE = Path(__file__).parent / "csrc" / "invariant_cpu.cpp"
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 # Attention implementations whose computation the kernel reproduces (mask and scale): switched to it.
 REPLACEABLE_ATTENTION = ("sdpa", "eager", "domino_cpu_sdpa", ATTENTION_NAME)
-# Keyword arguments that change what attention computes beyond mask and scale: not covered by the kernel.
-_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks", "output_attentions")
 
 _extension = None
 _extension_error: str | None = None
@@ -127,7 +126,7 @@ def exact_attention_forward(
     cause = None
     if dropout and module.training:
         cause = "dropout"
-    elif any(kwargs.get(name) not in (None, False) for name in _UNSUPPORTED_KWARGS):
+    elif any(kwargs.get(name) not in (None, False) for name in _STOCK_ONLY_KWARGS):
         cause = "soft-capping, sinks or a position bias"
     elif attention_mask is not None and (attention_mask.dtype != torch.bool or attention_mask.dim() != 4):
         cause = "a non-boolean attention mask"
@@ -140,10 +139,7 @@ def exact_attention_forward(
             _fallbacks_said.add(cause)
             logger.warning("Length-invariant attention: %s is not covered; stock SDPA runs (not length-invariant).",
                            cause)
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        return ALL_ATTENTION_FUNCTIONS["sdpa"](module, query, key, value, attention_mask, dropout=dropout,
-                                               scaling=scaling, **kwargs)
+        return _stock_sdpa()(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     return _extension.attention(query, key, value, attention_mask, float(scale)), None
 
