@@ -54,7 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import exact_kernels
-from .cpu_attention import use_gqa_attention, use_stock_attention
+from .cpu_attention import ATTENTION_NAME as GQA_ATTENTION
+from .cpu_attention import STOCK_ATTENTION, use_gqa_attention, use_stock_attention
 from .kv_cache import GrowingCacheGenerate, use_default_cache, use_growing_cache
 
 logger = logging.getLogger(__name__)
@@ -361,6 +362,8 @@ def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels
             if attention not in exact_kernels.REPLACEABLE_ATTENTION:
                 reason = f"attention {attention!r} (sdpa or eager can be replaced)"
             else:
+                if attention != exact_kernels.ATTENTION_NAME:  # what restoring the stock attention goes back to
+                    model.domino_stock_attention = STOCK_ATTENTION if attention == GQA_ATTENTION else attention
                 exact_kernels.register_attention()
                 model.set_attn_implementation(exact_kernels.ATTENTION_NAME)
                 use_growing_cache(model)
@@ -413,7 +416,7 @@ def _use_fast_attention_and_cache(model: nn.Module) -> tuple[bool, bool]:
 
 def _use_stock_attention_and_cache(model: nn.Module) -> None:
     if getattr(getattr(model, "config", None), "_attn_implementation", None) == exact_kernels.ATTENTION_NAME:
-        model.set_attn_implementation("sdpa")
+        model.set_attn_implementation(vars(model).get("domino_stock_attention", STOCK_ATTENTION))
     use_stock_attention(model)
     use_default_cache(model)
     if "domino_length_invariant" in vars(model):

@@ -188,6 +188,21 @@ def test_a_failing_self_check_keeps_the_fastest_kernels(monkeypatch, caplog):
         optimize_for_cpu(make_tiny_target("llama", vocab_size=32), kernels="invariant")
 
 
+@needs_fp32
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+def test_stock_kernels_give_back_the_attention_the_model_had(attention):
+    from domino_hf import restore_stock_kernels, stock_kernels
+
+    target = make_tiny_target("llama", vocab_size=32, attn_implementation=attention)
+    optimize_for_cpu(target, kernels="invariant")
+    assert target.config._attn_implementation == exact_kernels.ATTENTION_NAME
+    with stock_kernels(target):
+        assert target.config._attn_implementation == attention and not target.domino_length_invariant
+    assert target.config._attn_implementation == exact_kernels.ATTENTION_NAME and target.domino_length_invariant
+    restore_stock_kernels(target)
+    assert target.config._attn_implementation == attention and not target.domino_length_invariant
+
+
 def test_a_cpu_without_the_instructions_says_why_in_one_line(monkeypatch, caplog):
     monkeypatch.setattr(exact_kernels, "cpu_info", lambda: {"model": "x", "flags": ["avx2", "fma"]})
     assert "avx512f" in exact_kernels.unsupported_reason(torch.float32)
