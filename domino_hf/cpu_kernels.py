@@ -348,9 +348,7 @@ def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels
     self-check) everything is as before, one log line says why, and with kernels="invariant" it raises."""
     dtypes = {layer.weight.dtype for layer in layers} or {getattr(model, "dtype", torch.float32)}
     dtype = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
-    reason = next(filter(None, map(exact_kernels.unsupported_reason, dtypes)), None)
-    if reason is None and exact_kernels.load_extension() is None:
-        reason = f"the kernels did not compile ({exact_kernels.extension_error()})"
+    reason = next(filter(None, map(exact_kernels.unavailable_reason, dtypes)), None)
     generates = _generates(model)
     tables = [layer.kernel_table for layer in layers]
     if reason is None:

@@ -69,10 +69,18 @@ def unsupported_reason(dtype: torch.dtype) -> str | None:
     return None
 
 
+def unavailable_reason(dtype: torch.dtype) -> str | None:
+    """Why the kernels cannot run `dtype` here (this CPU, or a build that failed; compiles on first call), or None."""
+    reason = unsupported_reason(dtype)
+    if reason is None and load_extension() is None:
+        reason = f"the length-invariant kernels did not compile: {extension_error()}"
+    return reason
+
+
 @functools.lru_cache(maxsize=None)
 def supported(dtype: torch.dtype) -> bool:
     """Whether the kernels run `dtype` here: the CPU has their instructions and the extension is built."""
-    return unsupported_reason(dtype) is None and load_extension() is not None
+    return unavailable_reason(dtype) is None
 
 
 def _build_directory() -> Path:

@@ -40,9 +40,7 @@ VOCAB = 16  # fitted_pair's vocabulary: the tiny tokenizer's first 16 tokens ("<
 FITTED_TOKENS = 24  # greedy continuation of each fitted prompt the prompts here are cut from
 LETTERS = "abcdefghijklmnop"  # the text of tokens 0-15 (`_letter_tokenizer`): a stop string may span tokens
 
-BF16_REASON = exact_kernels.unsupported_reason(torch.bfloat16)
-if BF16_REASON is None and exact_kernels.load_extension() is None:
-    BF16_REASON = f"the kernels did not compile: {exact_kernels.extension_error()}"
+BF16_REASON = exact_kernels.unavailable_reason(torch.bfloat16)
 
 TOKENIZER = _letter_tokenizer(VOCAB)
 _PAIRS: dict = {}

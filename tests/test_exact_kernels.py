@@ -18,10 +18,8 @@ from domino_hf.modeling.dispatch_domino import CACHE_ARGUMENT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-FP32_REASON = exact_kernels.unsupported_reason(torch.float32)
-if FP32_REASON is None and exact_kernels.load_extension() is None:
-    FP32_REASON = f"the kernels did not compile: {exact_kernels.extension_error()}"
-BF16_REASON = FP32_REASON or exact_kernels.unsupported_reason(torch.bfloat16)
+FP32_REASON = exact_kernels.unavailable_reason(torch.float32)
+BF16_REASON = FP32_REASON or exact_kernels.unavailable_reason(torch.bfloat16)
 needs_fp32 = pytest.mark.skipif(FP32_REASON is not None, reason=f"no length-invariant kernels here: {FP32_REASON}")
 DTYPES = [
     pytest.param(torch.float32, marks=needs_fp32),

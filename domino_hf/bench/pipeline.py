@@ -234,9 +234,7 @@ def resolve_bench_dtype(name: str, device: str, kernels: str) -> tuple[str, str 
     elif kernels != "optimized":
         why = f"--target_kernels {kernels} runs stock kernels, not the length-invariant ones"
     else:
-        why = exact_kernels.unsupported_reason(torch.bfloat16)
-        if why is None and exact_kernels.load_extension() is None:
-            why = f"the length-invariant kernels did not compile: {exact_kernels.extension_error()}"
+        why = exact_kernels.unavailable_reason(torch.bfloat16)
     if why is None:
         return "bfloat16", "auto: greedy bf16 decoding is exact on this CPU's length-invariant kernels"
     return "float32", f"auto: bfloat16 would not be exact here, as {why}"
