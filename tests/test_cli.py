@@ -117,6 +117,7 @@ TRAIN_ALIASES = [
     ("--max_steps", "7", "max_steps", 7),
     ("--resume_from_checkpoint", "run/checkpoint-5", "resume", "run/checkpoint-5"),
     ("--save_steps", "9", "save_steps", 9),
+    ("--save_total_limit", "0", "save_total_limit", 0),
     ("--report_to", "tensorboard", "report_to", "tensorboard"),
 ]
 
@@ -423,3 +424,13 @@ def test_lm_eval_help_works_without_lm_eval():
     assert help_code == 0 and "usage: domino lm-eval" in help_out, result.stderr[-2000:]
     assert "pip install 'domino-hf[eval]'" in help_out
     assert run_code == 2 and "domino lm-eval: " in run_err and "pip install 'domino-hf[eval]'" in run_err
+
+
+def test_save_total_limit_zero_keeps_every_checkpoint_and_negative_is_refused():
+    from domino_hf.training.recipe import TrainSettings
+    from domino_hf.training.train_cli import train_job
+
+    args = _parse(["train", "--target", "smollm2", "--data", "d.jsonl", "--out", "o", "--save_total_limit", "0"])
+    assert train_job(args).settings.save_total_limit is None
+    with pytest.raises(ValueError, match="save_total_limit must be >= 1"):
+        TrainSettings(output_dir="o", save_total_limit=-1)

@@ -57,7 +57,7 @@ class TrainSettings:
     kl_temperature: float = 1.0
     logging_steps: int = 10
     save_steps: int = 200
-    save_total_limit: int = 2
+    save_total_limit: int | None = 2  # None: keep every checkpoint
     seed: int = 0
     report_to: str = "none"
     resume: bool | str = False  # True: the newest complete checkpoint in output_dir; a str: that checkpoint
@@ -72,6 +72,9 @@ class TrainSettings:
         if not (self.weight_decay >= 0 and 0 <= self.feature_noise < 1):
             raise ValueError(f"weight_decay must be >= 0 and feature_noise in [0, 1) (got {self.weight_decay} and "
                              f"{self.feature_noise})")
+        if self.save_total_limit is not None and self.save_total_limit < 1:
+            raise ValueError(f"save_total_limit must be >= 1, or None to keep every checkpoint (got "
+                             f"{self.save_total_limit})")
 
 
 def init_from_target_layers(draft: DominoDraftModel, target) -> int:

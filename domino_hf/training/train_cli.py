@@ -170,6 +170,11 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="Checkpoint every N steps (atomic; resumable).",
     )
     run_group.add_argument(
+        "--save_total_limit", dest="save_total_limit", type=int, default=2,
+        help="Keep at most N checkpoints in --out, the oldest deleted first (0: keep every one, for a curve of "
+             "τ against steps).",
+    )
+    run_group.add_argument(
         "--logging_steps", dest="logging_steps", type=int, default=10,
         help="Log losses/accuracies/throughput every N steps.",
     )
@@ -202,7 +207,8 @@ def train_job(args: argparse.Namespace):
         output_dir=args.out, epochs=args.epochs, max_steps=args.max_steps, batch_size=args.batch_size,
         grad_accum=args.grad_accum, learning_rate=args.lr, num_anchors=args.num_anchors, gamma=args.gamma,
         curriculum=not args.no_curriculum, logging_steps=args.logging_steps, save_steps=args.save_steps,
-        seed=args.seed, report_to=args.report_to, resume=args.resume, loss=args.loss, kl_topk=args.kl_topk,
+        save_total_limit=args.save_total_limit or None, seed=args.seed, report_to=args.report_to, resume=args.resume,
+        loss=args.loss, kl_topk=args.kl_topk,
         kl_temperature=args.kl_temperature, bf16=args.bf16, group_by_length=args.group_by_length,
         weight_decay=args.weight_decay, feature_noise=args.feature_noise,
     )
