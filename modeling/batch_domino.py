@@ -34,6 +34,7 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 
+from .acceptance_domino import accept_chain
 from .batch_policy_domino import BatchPolicy, shared_cost
 from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
 from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
@@ -202,7 +203,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.pending = context_features(out.hidden_states, self.layer_ids)  # (b, L, F): context not yet drafted on
         self.pending_counts = torch.full_like(states.end, input_ids.shape[1])
         logits = out.logits[:, -1:].float()  # (b, 1, V)
-        tokens = self._select(logits, None, torch.zeros_like(self.rows))[0][:, 0]
+        tokens = accept_chain(self._target_logits(logits, None), None, torch.zeros_like(self.rows),
+                              do_sample=self.do_sample)[0][:, 0]
         self._append([[int(t)] for t in tokens], torch.ones_like(self.rows), None)
 
     def _step(self):
@@ -231,8 +233,9 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         began = time.perf_counter()
         lap("rows")
         out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
-        tokens, accepted = self._select(out.logits.float(), q_logits, proposed, step_ids)
-        self.policy.cost.observe(b * q, time.perf_counter() - began)  # after `_select` read the logits: the forward ran
+        tokens, accepted = accept_chain(self._target_logits(out.logits.float(), step_ids), step_ids, proposed,
+                                        q_logits, self.do_sample)
+        self.policy.cost.observe(b * q, time.perf_counter() - began)  # after the acceptance read the logits: the forward ran
         lap("verify")
         states.advance(accepted + 1)
         accepted_list = accepted.tolist()
@@ -395,40 +398,11 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             **{self.cache_argument: self.cache},
         )
 
-    def _select(self, logits, q_logits, proposed, step_ids=None):
-        """The target's choice at every verified position: (b, q) tokens (the bonus token at index
-        `accepted[i]`) and (b,) accepted draft tokens. Greedy: the processed logits' argmax, drafts accepted while
-        they match. Sampling: speculative sampling with the draft's processed logits as q."""
-        b, q, _ = logits.shape
-        processed = torch.stack([self._process(logits[:, j], None if j == 0 else step_ids[:, 1 : j + 1])
-                                 for j in range(q)], dim=1)  # (b, q, V)
-        slot = torch.arange(q - 1, device=logits.device)[None, :]
-        valid = slot < proposed[:, None]  # (b, q - 1)
-        if not self.do_sample:
-            tokens = processed.argmax(dim=-1)  # (b, q)
-            if q == 1:
-                return tokens, torch.zeros_like(proposed)
-            match = (step_ids[:, 1:] == tokens[:, :-1]) & valid
-            return tokens, match.long().cumprod(dim=1).sum(dim=1)
-        p = processed.softmax(dim=-1)
-        rows = torch.arange(b, device=logits.device)
-        if q == 1:
-            return torch.multinomial(p[:, 0], 1), torch.zeros_like(proposed)
-        q_probs = q_logits.softmax(dim=-1)  # (b, q - 1, V)
-        drafted = step_ids[:, 1:, None]
-        ratio = p[:, :-1].gather(2, drafted)[..., 0] / q_probs.gather(2, drafted)[..., 0]
-        accept = (torch.rand_like(ratio) < ratio) & valid
-        accepted = accept.long().cumprod(dim=1).sum(dim=1)  # (b,)
-        target_next = p[rows, accepted]  # (b, V)
-        draft_next = q_probs[rows, accepted.clamp(max=q - 2)]
-        residual = (target_next - draft_next).clamp(min=0)
-        rejected = (accepted < proposed)[:, None] & (residual.sum(dim=-1, keepdim=True) > 0)
-        dist = torch.where(rejected, residual, target_next)
-        bonus = torch.multinomial(dist / dist.sum(dim=-1, keepdim=True), 1)[:, 0]
-        tokens = step_ids.clone()  # (b, q): accepted drafts shifted left, the bonus at `accepted`
-        tokens[:, :-1] = step_ids[:, 1:]
-        tokens[rows, accepted] = bonus
-        return tokens, accepted
+    def _target_logits(self, logits, step_ids):
+        """(b, q, V) the target's processed logits after the anchor and after each proposed token, each position
+        processed with the tokens before it (`step_ids` (b, q))."""
+        return torch.stack([self._process(logits[:, j], None if j == 0 else step_ids[:, 1 : j + 1])
+                            for j in range(logits.shape[1])], dim=1)
 
     def _process(self, logits, extra=None):
         """The target's logits processors on (b, V) logits of the live rows, each row's after its own sequence and

@@ -194,14 +194,14 @@ def test_bf16_on_length_invariant_kernels_is_plain_decodings(fitted_pair, arch, 
 def test_a_loop_that_accepts_wrong_drafts_is_caught(fitted_pair):
     """Negative control: the batched loop accepting every proposed token fails the same check."""
     target, draft, sequences = pair(fitted_pair, "llama")
-    select = batch_domino.DominoBatchDecoder._select
+    accept = batch_domino.accept_chain
 
-    def accept_all(self, logits, q_logits, proposed, step_ids=None):
-        tokens, _ = select(self, logits, q_logits, proposed, step_ids)
+    def accept_all(target_logits, step_ids, proposed, draft_logits=None, do_sample=False):
+        tokens, _ = accept(target_logits, step_ids, proposed, draft_logits, do_sample)
         return tokens, proposed
 
     bad = case([(0, 6), [3, 3, 9]], 20)
     check_against_plain_decoding(target, draft, sequences, bad)
-    with mock.patch.object(batch_domino.DominoBatchDecoder, "_select", accept_all):
+    with mock.patch.object(batch_domino, "accept_chain", accept_all):
         with pytest.raises(AssertionError):
             check_against_plain_decoding(target, draft, sequences, bad)

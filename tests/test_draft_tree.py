@@ -24,11 +24,9 @@ from transformers.generation.streamers import BaseStreamer
 from domino_hf.modeling.batch_policy_domino import BatchPolicy
 from domino_hf.modeling.tree_domino import (
     DraftTree,
-    accept_path,
     add_chain,
     path_keys,
     prefix,
-    sample_path,
     tree_budget,
     tree_mask,
 )
@@ -49,14 +47,6 @@ def test_tree_mask_sees_ancestors_only():
     assert mask[3].tolist() == [True, True, False, True, False, False]  # c: anchor, a, itself
     assert mask[5].tolist() == [True, False, True, False, True, True]  # e: anchor, b, d, itself
     assert mask[0].tolist() == [True, False, False, False, False, False]
-
-
-def test_accept_path_follows_the_targets_choice():
-    tree = small_tree()
-    # target after anchor → 6 (b), after b → 8 (d), after d → 9 (e), after e → anything
-    assert accept_path(tree, [6, 0, 8, 0, 9, 1]) == [1, 3, 4]
-    assert accept_path(tree, [5, 3, 0, 0, 0, 0]) == [0]  # a accepted, c (7) not the choice after a
-    assert accept_path(tree, [4, 0, 0, 0, 0, 0]) == []
 
 
 def test_prefix_keeps_ancestors_and_a_span_branch_merges():
@@ -167,23 +157,6 @@ def test_off_keeps_the_chain(fitted_pair):
         target.generate(prompts[0], max_new_tokens=4, assistant_model=draft, use_draft_tree="yes")
 
 
-def test_sample_path_is_the_targets_distribution():
-    """Recursive rejection over siblings: the first token emitted after the anchor follows the target's
-    distribution whatever the children are, and a child is entered exactly when its token is emitted."""
-    tree = small_tree()  # children of the anchor: a (5), b (6)
-    probs = torch.full((6, 10), 0.05)
-    probs[0] = torch.tensor([0.0, 0.1, 0.0, 0.0, 0.0, 0.2, 0.5, 0.0, 0.0, 0.2])  # 6 likelier than 5
-    torch.manual_seed(0)
-    first = torch.zeros(10)
-    for _ in range(4000):
-        path, bonus = sample_path(tree, probs)
-        token = int(tree.tokens[path[0]]) if path else bonus
-        assert not path or path[0] in (0, 1)
-        assert path or bonus not in (5, 6)  # the bonus after rejecting both children is neither
-        first[token] += 1
-    assert torch.allclose(first / first.sum(), probs[0], atol=0.025)
-
-
 def sample_tree(target, draft, n, seed, **kwargs):
     """Counts of PROMPT's continuations over `n` sampled calls with draft trees; the calls that verified more nodes
     in a step than a chain holds; tokens accepted."""
@@ -217,13 +190,13 @@ def test_sampling_check_catches_a_bonus_from_the_whole_distribution(sampling_pai
     """Teeth: drawing the bonus from the target's whole distribution, rejected children included, is biased."""
     from domino_hf.modeling import tree_domino
 
-    original = tree_domino.sample_path
+    original = tree_domino.accept_tree
 
-    def careless(tree, probs):
-        path, bonus = original(tree, probs)
-        return path, int(torch.multinomial(probs[path[-1] + 1 if path else 0], 1))
+    def careless(tokens, parents, logits, do_sample=False):
+        path, bonus = original(tokens, parents, logits, do_sample)
+        return path, int(torch.multinomial(logits[path[-1] + 1 if path else 0].softmax(dim=-1), 1))
 
-    monkeypatch.setattr(tree_domino, "sample_path", careless)
+    monkeypatch.setattr(tree_domino, "accept_tree", careless)
     target, draft = sampling_pair
     counts, _, _ = sample_tree(target, draft, 500, seed=2)
     assert chi_square_pvalue(counts, exact_distribution(target, LogitsProcessorList())) < 1e-6

@@ -214,8 +214,8 @@ def test_export_loads_in_a_clean_process_and_generates_losslessly(target, tmp_pa
                                                       num_anchors=8, save_steps=1000))
     out = export_draft(tmp_path / "run", tmp_path / "export", dtype="float16")
     files = sorted(p.name for p in out.iterdir())
-    assert files == ["README.md", "batch_domino.py", "batch_policy_domino.py", "config.json", "configuration_domino.py",
-                     "dispatch_domino.py", "generation_config.json", "generation_domino.py", "hybrid_domino.py",
+    assert files == ["README.md", "acceptance_domino.py", "batch_domino.py", "batch_policy_domino.py", "config.json",
+                     "configuration_domino.py", "dispatch_domino.py", "generation_config.json", "generation_domino.py", "hybrid_domino.py",
                      "model.safetensors", "modeling_domino.py", "ragged_domino.py", "stops_domino.py",
                      "suffix_domino.py", "target_domino.py", "tree_domino.py"]
     card = (out / "README.md").read_text()

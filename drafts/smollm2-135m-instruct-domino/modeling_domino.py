@@ -52,6 +52,7 @@ REMOTE_CODE_FILES = (
     "ragged_domino.py",
     "stops_domino.py",
     "tree_domino.py",
+    "acceptance_domino.py",
 )
 
 

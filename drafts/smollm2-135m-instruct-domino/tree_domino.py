@@ -14,9 +14,9 @@ correction), which costs microseconds. So a branch at slot j needs only the head
 
 The target verifies the tree in one forward: every node attends to the cache, the anchor and its own ancestors
 (`tree_mask`), at position anchor + depth. Greedy acceptance walks from the anchor to the child holding the target's
-choice, as long as there is one (`accept_path`); the bonus token is the target's choice at the last accepted node.
-Sampling walks the tree by recursive rejection over siblings (`sample_path`), exact for any tree whose shape was fixed
-before the target answered. A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the
+choice, as long as there is one; the bonus token is the target's choice at the last accepted node. Sampling walks
+the tree by recursive rejection over siblings, exact for any tree whose shape was fixed before the target answered
+(both in `acceptance_domino.accept_tree`). A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the
 draft's distributions and the spans' histories only: never from a drawn token.
 """
 
@@ -27,6 +27,7 @@ from typing import NamedTuple
 
 import torch
 
+from .acceptance_domino import accept_tree
 from .ragged_domino import verify_mask
 from .target_domino import context_features
 
@@ -177,44 +178,6 @@ def tree_mask(tree: DraftTree) -> torch.Tensor:
     return mask
 
 
-def accept_path(tree: DraftTree, choice: list[int]) -> list[int]:
-    """Greedy acceptance: `choice` (1 + N,) is the target's token after the anchor and after each node; the nodes
-    accepted (indices, root to leaf), each the child holding its parent's choice."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (parent, token) in enumerate(zip(tree.parents.tolist(), tree.tokens.tolist())):
-        children.setdefault(parent, {}).setdefault(token, i)
-    path, node = [], -1
-    while True:
-        nxt = children.get(node, {}).get(choice[node + 1])
-        if nxt is None:
-            return path
-        path.append(nxt)
-        node = nxt
-
-
-def sample_path(tree: DraftTree, probs: torch.Tensor) -> tuple[list[int], int]:
-    """Multi-branch speculative sampling (SpecInfer's recursive rejection, for candidates chosen without drawing):
-    `probs` (1 + N, V) is the target's distribution after the anchor and after each node. At a node, each child in
-    turn is accepted with its probability under what is left of the distribution, else its token is removed from
-    it; the first accepted child is entered. Where none is, the bonus token is drawn from what is left. Every
-    emitted token is thereby distributed exactly as the target's. Returns the accepted nodes and the bonus token."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(tree.parents.tolist()):
-        children.setdefault(parent, []).append(i)
-    path, node = [], -1
-    while True:
-        p = probs[node + 1].clone()  # (V,) unnormalised: the target's, less the children rejected so far
-        for child in children.get(node, []):
-            token = int(tree.tokens[child])
-            if float(torch.rand(())) * float(p.sum()) < float(p[token]):
-                break
-            p[token] = 0.0
-        else:
-            return path, int(torch.multinomial(p, 1))
-        path.append(child)
-        node = child
-
-
 class TreeShape(NamedTuple):
     """How wide a draft tree grows: each node's `top_k` most likely tokens are candidates, and at each depth the
     `width` candidates with the highest path probability are kept (and expanded further)."""
@@ -266,12 +229,7 @@ class TreeSteps:
         out = self._forward(step_ids, verify_mask(states, 1 + count, block=block), 1 + count, keep=1 + count,
                             block=block)
         processed = self._tree_logits(out.logits[0].float(), tree)  # (1 + N, V) after the anchor and each node
-        if self.do_sample:
-            path, bonus = sample_path(tree, processed.softmax(dim=-1))
-        else:
-            choice = processed.argmax(dim=-1).tolist()  # the target's token after the anchor and each node
-            path = accept_path(tree, choice)
-            bonus = choice[path[-1] + 1 if path else 0]
+        path, bonus = accept_tree(tree.tokens, tree.parents, processed, self.do_sample)
         policy.cost.observe(1 + count, time.perf_counter() - began)
         lap("verify")
         if count:
