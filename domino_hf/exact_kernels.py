@@ -45,6 +45,9 @@ logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "domino_exact"
 SOURCE = Path(__file__).parent / "csrc" / "invariant_cpu.cpp"
+# -fopenmp: at::parallel_for runs its tasks on torch's OpenMP threads only when the kernels are compiled with OpenMP
+# (without it every kernel runs on one thread); the library links to the libgomp torch has already loaded.
+BUILD_FLAGS = ("-O3", "-fopenmp")
 AVX512_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512dq")
 # Attention implementations whose computation the kernel reproduces (mask and scale): switched to it.
 REPLACEABLE_ATTENTION = ("sdpa", "eager", "domino_cpu_sdpa", ATTENTION_NAME)
@@ -85,7 +88,8 @@ def supported(dtype: torch.dtype) -> bool:
 
 def _build_directory() -> Path:
     cache = Path(os.environ.get("DOMINO_HF_CACHE", Path.home() / ".cache" / "domino-hf"))
-    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + " ".join(BUILD_FLAGS).encode())
+    digest = digest.hexdigest()[:16]
     return cache / "extensions" / f"invariant_cpu-{digest}"
 
 
@@ -103,7 +107,8 @@ def load_extension():
         if not any(directory.glob("*.so")):
             logger.info("Compiling the length-invariant CPU kernels once (about a minute) into %s.", directory)
         _extension = load(name=f"domino_invariant_cpu_{directory.name[-16:]}", sources=[str(SOURCE)],
-                          extra_cflags=["-O3"], build_directory=str(directory), verbose=False)
+                          extra_cflags=list(BUILD_FLAGS), extra_ldflags=["-fopenmp"],
+                          build_directory=str(directory), verbose=False)
     except Exception as error:  # no compiler, no ninja, a failed build: the calibrated kernels run instead
         _extension_error = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error) else ''}"
     return _extension
