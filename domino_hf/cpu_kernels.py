@@ -32,7 +32,7 @@ Outputs are not bit-identical to stock kernels (another summation order), but as
 get (≤ 1e-4 on logits in the tests); the target with optimized kernels is the model you decode with, and
 speculative decoding stays exactly lossless against plain decoding *on the same kernels*.
 
-With `kernels="invariant"`, and by default for a bf16 target, the kernel of every length is the length-invariant
+By default (`kernels="auto"`), and with `kernels="invariant"`, the kernel of every length is the length-invariant
 one (`exact_kernels`, `EXACT`) where this CPU has it for the model's dtype: each output computed in one fixed order
 whatever the forward's length, so a token's logits are bitwise the same in a plain step and in a verify. The
 target's attention then runs on `exact_kernels.ATTENTION_NAME`, and a self-check at load proves the whole forward
@@ -259,10 +259,11 @@ def optimize_for_cpu(model: nn.Module, stock_rows: int | None = None, kernels: s
 
     `kernels`: "invariant" runs the length-invariant kernels (`exact_kernels`: a token's logits bitwise the same in
     a one-token step, a verify, a tree or a padded batch) and raises where this CPU lacks them for the model's dtype
-    or, for a model that generates, the self-check fails. "auto" (the default) does so for a bf16 causal LM (the one
-    case the fastest kernels leave inexact), falling back to the fastest kernels with one log line; other models
-    (fp32 targets, drafts) get the fastest kernels, which multi-token forwards run faster on
-    (docs/cpu_kernels.md). "fastest" never uses them.
+    or, for a model that generates, the self-check fails. "auto" (the default) does so wherever they run (fp32 and
+    bf16, targets and drafts: on the CPUs measured they are also the fastest for a plain step and short verifies,
+    docs/cpu_kernels.md), falling back to the fastest kernels with one log line. "fastest" never uses them: each
+    layer on the fastest of stock MKL, packed oneDNN and packed MKL at each forward length (faster from about 9
+    rows on, not length-invariant).
 
     `stock_rows`: None (the default) measures, per layer shape on this CPU, which kernel is the fastest at each
     forward length (`calibrate_kernels`); an int n keeps the stock kernel for forwards of at most n rows
@@ -339,7 +340,7 @@ def _generates(model: nn.Module) -> bool:
 def _wants_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels: str) -> bool:
     if kernels != "auto":
         return kernels == "invariant"
-    return _generates(model) and bool(layers) and all(layer.weight.dtype == torch.bfloat16 for layer in layers)
+    return bool(layers)
 
 
 def _use_invariant_kernels(model: nn.Module, layers: list[PackedLinear], kernels: str) -> bool:

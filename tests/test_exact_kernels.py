@@ -10,10 +10,10 @@ import logging
 
 import pytest
 import torch
-from conftest import TINY_ARCHS, greedy_both, make_tiny_target
+from conftest import TINY_ARCHS, greedy_both, make_tiny_draft, make_tiny_target
 
 from domino_hf import exact_kernels, optimize_for_cpu
-from domino_hf.cpu_kernels import EXACT, PackedLinear
+from domino_hf.cpu_kernels import EXACT, INVARIANT_TABLE, PackedLinear
 from domino_hf.modeling.dispatch_domino import CACHE_ARGUMENT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -160,11 +160,20 @@ def test_generation_is_lossless_on_them_in_every_path(fitted_pair, arch, dtype, 
 needs_bf16 = pytest.mark.skipif(BF16_REASON is not None, reason=f"no bf16: {BF16_REASON}")
 
 
-def test_by_default_only_a_bf16_target_takes_them():
-    """fp32 targets and drafts keep the fastest kernels unless asked (multi-token forwards run faster there)."""
+def test_by_default_targets_and_drafts_of_both_dtypes_take_them():
+    """Where they run, "auto" puts fp32 and bf16 targets (self-checked) and drafts (linear layers only) on them;
+    "fastest" never does."""
+    if exact_kernels.unavailable_reason(torch.float32) is not None:
+        pytest.skip(f"no length-invariant kernels: {exact_kernels.unavailable_reason(torch.float32)}")
     fp32 = optimize_for_cpu(make_tiny_target("llama", vocab_size=32))
-    assert not fp32.domino_length_invariant
-    assert all(EXACT not in m.kernel_table for m in fp32.modules() if type(m) is PackedLinear)
+    assert fp32.domino_length_invariant
+    assert all(m.kernel_table == INVARIANT_TABLE for m in fp32.modules() if type(m) is PackedLinear)
+    fastest = optimize_for_cpu(make_tiny_target("llama", vocab_size=32), kernels="fastest")
+    assert not fastest.domino_length_invariant
+    assert all(EXACT not in m.kernel_table for m in fastest.modules() if type(m) is PackedLinear)
+    draft = optimize_for_cpu(make_tiny_draft(fp32))
+    assert all(m.kernel_table == INVARIANT_TABLE for m in draft.modules() if type(m) is PackedLinear)
+    assert not draft.domino_length_invariant  # no attention of its own to prove: it only proposes
     if BF16_REASON is None:
         bf16 = optimize_for_cpu(make_tiny_target("llama", vocab_size=32).to(torch.bfloat16))
         assert bf16.domino_length_invariant
