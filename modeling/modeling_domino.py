@@ -53,6 +53,7 @@ REMOTE_CODE_FILES = (
     "stops_domino.py",
     "tree_domino.py",
     "acceptance_domino.py",
+    "proposer_domino.py",
 )
 
 

@@ -16,8 +16,9 @@ The target verifies the tree in one forward: every node attends to the cache, th
 (`tree_mask`), at position anchor + depth. Greedy acceptance walks from the anchor to the child holding the target's
 choice, as long as there is one; the bonus token is the target's choice at the last accepted node. Sampling walks
 the tree by recursive rejection over siblings, exact for any tree whose shape was fixed before the target answered
-(both in `acceptance_domino.accept_tree`). A context or suffix-cache span is one more branch (`add_chain`). Trees are built from the
-draft's distributions and the spans' histories only: never from a drawn token.
+(both in `acceptance_domino.accept_tree`). A context or suffix-cache span is one more branch (`add_chain`). Trees
+are built (`proposer_domino.DominoProposer.tree`) from the draft's distributions and the spans' histories only:
+never from a drawn token.
 """
 
 from __future__ import annotations
@@ -48,43 +49,9 @@ class DraftTree(NamedTuple):
         return len(self.tokens)
 
 
-def build_tree(draft, head, tables, slots, base, anchor, width: int, top_k: int, gates) -> DraftTree:
-    """The draft's tree for one row: `slots` (n, H) slot states, `base` (n, V') base logits, `anchor` (1,) target id;
-    `gates(index, token)` gives GRU input gates of drafted tokens. Nodes sorted by path probability (highest first,
-    ancestors first on ties)."""
-    n = base.shape[0]
-    use_head = tables is not None
-    if use_head:
-        hidden_part = draft.correction_hidden_part(slots)  # (n, r)
-        states = draft.gru_step(slots.new_zeros(1, draft.config.gru_hidden_dim),
-                                draft.head_input_gates(head.embed(anchor)))  # (F, Hg)
-    path = torch.ones(1)  # (F,) frontier path probabilities
-    frontier = torch.full((1,), -1, dtype=torch.long)  # (F,) node index of each frontier entry
-    tokens, parents, depths, probs = [], [], [], []
-    for d in range(n):
-        logits = base[d : d + 1].expand(len(frontier), -1)  # (F, V')
-        if use_head and d >= draft.config.pure_draft_prefix_len:
-            logits = logits + draft.correction_from_parts(hidden_part[d : d + 1].expand(len(frontier), -1), states)
-        top = logits.float().softmax(dim=-1).topk(min(top_k, logits.shape[-1]), dim=-1)  # (F, k)
-        child = (path[:, None] * top.values.cpu()).flatten()  # (F·k,)
-        keep = child.topk(min(width, len(child))).indices  # the best children across the frontier
-        owner, rank = keep // top.indices.shape[1], keep % top.indices.shape[1]
-        index = top.indices[owner.to(top.indices.device), rank.to(top.indices.device)]  # (F',) draft-vocab indices
-        token = head.to_target_ids(index)
-        first = len(tokens)
-        tokens.extend(token.tolist())
-        parents.extend(frontier[owner].tolist())
-        depths.extend([d + 1] * len(keep))
-        probs.extend(child[keep].tolist())
-        if use_head and d + 1 < n:
-            states = draft.gru_step(states[owner.to(states.device)], gates(index, token))
-        path, frontier = child[keep], torch.arange(first, first + len(keep))
-    order = sorted(range(len(tokens)), key=lambda i: (-probs[i], depths[i]))
-    return _reindexed(tokens, parents, depths, probs, order)
-
-
-def _reindexed(tokens, parents, depths, probs, order) -> DraftTree:
-    """The nodes `order` (a list of node indices, ancestor-closed) with parents renumbered."""
+def reindexed(tokens, parents, depths, probs, order) -> DraftTree:
+    """A tree of the nodes `order` (a list of node indices into the lists `tokens`, `parents`, `depths`, `probs`,
+    ancestor-closed) with parents renumbered."""
     position = {node: i for i, node in enumerate(order)}
     return DraftTree(
         torch.tensor([tokens[i] for i in order], dtype=torch.long),
@@ -121,7 +88,7 @@ def add_chain(tree: DraftTree, chain: list[int], probs: list[float]) -> DraftTre
         if parents[i] >= 0:
             node_probs[i] = min(node_probs[i], node_probs[parents[i]])
     order = sorted(range(len(tokens)), key=lambda i: (-node_probs[i], depths[i]))
-    return _reindexed(tokens, parents, depths, node_probs, _ancestors_first(order, parents))
+    return reindexed(tokens, parents, depths, node_probs, _ancestors_first(order, parents))
 
 
 def _ancestors_first(order, parents) -> list[int]:
@@ -142,7 +109,7 @@ def prefix(tree: DraftTree, count: int) -> DraftTree:
     """The `count` most probable nodes, in verify order (by depth: ancestors before descendants)."""
     kept = sorted(range(count), key=lambda i: (int(tree.depths[i]), i))
     tokens, parents, depths, probs = (t.tolist() for t in tree)
-    return _reindexed(tokens, parents, depths, probs, kept)
+    return reindexed(tokens, parents, depths, probs, kept)
 
 
 def tree_budget(tree: DraftTree, seconds, room: int) -> int:
@@ -209,8 +176,7 @@ class TreeSteps:
             began = time.perf_counter()
             slots, base = self._backbone(room)
             lap = self._clock()
-            raw = build_tree(self.draft, self.head, self.tables, slots[0], base[0], self.anchors, self.tree.width,
-                             self.tree.top_k, self._gates)
+            raw = self.proposer.tree(slots[0], base[0], self.anchors, self.tree.width, self.tree.top_k)
             if policy.threshold > 0:  # `draft_confidence_threshold`: the nodes whose path probability reaches it
                 raw = prefix(raw, int((raw.probs >= policy.threshold).sum()))
             tree = scale(raw, policy.realised / policy.predicted)

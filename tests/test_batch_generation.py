@@ -296,13 +296,16 @@ def test_sampling_beside_a_span_longer_than_the_block(sampling_pair, flat_cost, 
 def test_sampling_check_catches_a_wrong_q(sampling_pair, flat_cost, monkeypatch):
     """Teeth: claiming a uniform q for the drafted tokens breaks every row's distribution."""
     target, _ = sampling_pair
-    original = DominoBatchDecoder._rollout
+    from domino_hf.modeling.proposer_domino import DominoProposer
+
+    original = DominoProposer.rollout
 
     def uniform_q(self, *args, **kwargs):
-        ids, probs, logits = original(self, *args, **kwargs)
-        return ids, probs, None if logits is None else torch.zeros_like(logits)
+        proposal = original(self, *args, **kwargs)
+        proposal.logits = None if proposal.logits is None else torch.zeros_like(proposal.logits)
+        return proposal
 
-    monkeypatch.setattr(DominoBatchDecoder, "_rollout", uniform_q)
+    monkeypatch.setattr(DominoProposer, "rollout", uniform_q)
     counts, drafted, _ = sample_rows(target, peaked_draft(target), 250, seed=1)
     assert drafted > 0
     exact = exact_distribution(target, LogitsProcessorList())

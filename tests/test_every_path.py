@@ -21,6 +21,7 @@ from conftest import fit_tiny_draft, isolated_python_prelude, make_tiny_draft, m
 from domino_hf.modeling import tree_domino
 from domino_hf.modeling.batch_policy_domino import BatchPolicy
 from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
+from domino_hf.modeling.proposer_domino import DominoProposer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -155,8 +156,9 @@ def test_heuristic_schedule_grows_the_cap(pair, path, monkeypatch):
     proposals accepted in full, on every path (a tree's cap is its depth)."""
     target, draft, prompts = pair
     depths = []
-    build = tree_domino.build_tree
-    monkeypatch.setattr(tree_domino, "build_tree", lambda *a, **k: depths.append(len(a[4])) or build(*a, **k))
+    build = DominoProposer.tree
+    monkeypatch.setattr(DominoProposer, "tree", lambda self, *a, **k:
+                        depths.append(len(a[1])) or build(self, *a, **k))
     monkeypatch.setattr(BatchPolicy, "seconds", lambda self, tokens: 1.0)  # lengths are not cut for their cost
     inputs, extra = path_inputs(path, prompts)
     longest = {}

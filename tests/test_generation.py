@@ -227,7 +227,7 @@ def test_custom_stopping_criteria(fitted_pair, monkeypatch):
 
     def init_without_stops(self, *args, **kwargs):
         original_init(self, *args, **kwargs)
-        self.extra_stopping = []
+        self.proposer.stopping = []
 
     monkeypatch.setattr(DominoCandidateGenerator, "__init__", init_without_stops)
     overshoot = sum(

@@ -194,10 +194,10 @@ def test_sampling_exact_when_a_processor_puts_mass_outside_the_sub_vocabulary(ta
     """The draw normally runs over the sub-vocabulary's columns only; a processor that lifts a token outside
     it must send the draft back to the full-width draw, or q would be wrong."""
     drawn = []
-    original = DominoCandidateGenerator._sample
-    monkeypatch.setattr(
-        DominoCandidateGenerator, "_sample", lambda self, logits: drawn.append(t := original(self, logits)) or t,
-    )
+    from domino_hf.modeling.proposer_domino import DominoProposer
+
+    original = DominoProposer.sample
+    monkeypatch.setattr(DominoProposer, "sample", lambda self, logits: drawn.append(t := original(self, logits)) or t)
     draft = peaked_draft(target, draft_vocab_ids=[0, 2, 4])
     processors = LogitsProcessorList([LiftOutsideToken()])
     counts, drafted, accepted = sample(target, 600, seed=5, assistant_model=draft, logits_processor=processors)

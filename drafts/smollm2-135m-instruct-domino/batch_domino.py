@@ -37,7 +37,8 @@ from transformers.generation.stopping_criteria import (
 from .acceptance_domino import accept_chain
 from .batch_policy_domino import BatchPolicy, shared_cost
 from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
-from .hybrid_domino import ContextLookup, Span, SuffixLookup, VerifyCost, store_history
+from .hybrid_domino import VerifyCost, store_history
+from .proposer_domino import DominoProposer, span_sources
 from .ragged_domino import (
     RaggedCache,
     RaggedContextCache,
@@ -48,14 +49,7 @@ from .ragged_domino import (
 )
 from .stops_domino import RowEnds
 from .tree_domino import TreeSteps
-from .target_domino import (
-    DominoHeadTables,
-    DominoTargetHead,
-    block_position_ids,
-    context_features,
-    draft_slots,
-    hidden_state_indices,
-)
+from .target_domino import DominoTargetHead, context_features, hidden_state_indices
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +86,6 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         check_attention_supported(target)
         self.draft, self.target, self.config = draft, target, draft.config
         self.head = DominoTargetHead.cached(draft, target)
-        self.tables = DominoHeadTables.cached(draft, target, self.head) if draft.has_domino_head else None
         self.generation_config = generation_config
         self.do_sample = bool(generation_config.do_sample)
         self.processors = logits_processor if logits_processor is not None else LogitsProcessorList()
@@ -117,14 +110,9 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.tree, self.cache_argument = tree, cache_argument
         # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
         # asked about one row alone (a span token they forbid is rejected by the verify: exact, one token wasted).
-        span_options = dict(eos_token_id=self.eos, vocab_size=self.head.vocab_size)
-        self.span_sources = []  # (name, source): looked up per row, on the row's own tokens
-        if settings.context_lookup_tokens > 0:
-            lookup = ContextLookup(settings.context_lookup_tokens, settings.context_lookup_ngram, **span_options)
-            self.span_sources.append(("lookup", lookup))
-        if suffix_cache is not None:
-            self.span_sources.append(("cache", SuffixLookup(suffix_cache, settings.suffix_cache_max_span,
-                                                            **span_options)))
+        # Drafts are not cut at stop strings either: a row's output is cut where it ends (`RowEnds`).
+        self.proposer = DominoProposer(draft, target, span_sources=span_sources(settings, suffix_cache, self.eos,
+                                                                                self.head.vocab_size))
 
     # ------------------------------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -235,7 +223,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
         tokens, accepted = accept_chain(self._target_logits(out.logits.float(), step_ids), step_ids, proposed,
                                         q_logits, self.do_sample)
-        self.policy.cost.observe(b * q, time.perf_counter() - began)  # after the acceptance read the logits: the forward ran
+        self.policy.cost.observe(b * q, time.perf_counter() - began)  # the acceptance read the logits: the forward ran
         lap("verify")
         states.advance(accepted + 1)
         accepted_list = accepted.tolist()
@@ -269,18 +257,13 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
 
     def _find_spans(self, room) -> list:
         """Each live row's best span (context lookup, suffix cache), cut at its room; None where none."""
-        if not self.span_sources:
+        if not self.proposer.span_sources:
             return [None] * len(self.rows)
         spans = []
         for i, row in enumerate(self.rows.tolist()):
             sequence = self.sequences[row : row + 1, self.prompt_start[row] : self.width + self.generated[row]]
-            found = []
-            for name, source in self.span_sources:
-                tokens, match = source(sequence)
-                tokens = tokens[: max(int(room[i]), 0)]
-                if len(tokens):
-                    found.append(Span(tokens.tolist(), match, name))
-            spans.append(self.policy.choosers[row].better_span(*found))
+            found = self.proposer.find_spans(sequence, int(room[i]), self.policy.choosers[row])
+            spans.append(found[0] if found else None)
         return spans
 
     def _q_logits(self, proposal, draft_logits, q):
@@ -295,37 +278,28 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
                 n = min(q - 1, draft_logits.shape[1])
                 logits[i, :n] = draft_logits[i, :n].to(logits)
             elif source != "none":
-                logits[i].scatter_(1, proposal.ids[i, : q - 1, None].to(logits.device), 0.0)
+                logits[i] = self.proposer.span_logits(proposal.ids[i : i + 1, : q - 1].to(logits.device))[0]
         return logits
 
     # ----------------------------------------------------------------------------------------- drafting
     def _backbone(self, room: int):
-        """One draft forward over every live row's block, absorbing the context it has not seen: slot states
-        (b, n, H) and base logits (b, n, V') of the first n = min(block, `room`) slots."""
+        """The proposer's backbone forward over every live row's block, absorbing the context it has not seen:
+        slot states (b, n, H) and base logits (b, n, V') of the first n = min(block, `room`) slots."""
         states = self.draft_cache.states
         width = self.pending.shape[1]
         states.plan(width)
         device = self.draft.device
         counts = self.pending_counts.to(device)
         positions = (states.end - states.start)[:, None] + torch.arange(width, device=device)  # (b, m)
-        anchor_positions = (self.cache.states.end - self.cache.states.start).to(device)  # (b,)
-        lap = self._clock()
-        out = self.draft(
-            block_embeds=self.head.block_embeds(self.anchors).to(device),  # (b, B, E)
-            block_position_ids=block_position_ids(anchor_positions, self.config.block_size),  # (b, B)
-            target_hidden_states=self.pending.to(device),
-            context_position_ids=positions,
-            attention_mask=context_mask(states, counts, self.config.block_size),
-            past_key_values=self.draft_cache,
+        anchor_positions = self.cache.states.end - self.cache.states.start  # (b,)
+        slots, base = self.proposer.backbone(
+            self.anchors, anchor_positions, self.pending, positions,
+            context_mask(states, counts, self.config.block_size), self.draft_cache, min(self.n_draft, room),
+            self._clock(),
         )
         states.advance(counts)
         self.pending = self.pending[:, :0]
         self.pending_counts = torch.zeros_like(self.pending_counts)
-        n = min(self.n_draft, room)
-        slots = draft_slots(out.last_hidden_state, self.config)[:, :n]  # (b, n, H)
-        lap("backbone")
-        base = self.head.logits(slots)  # (b, n, V')
-        lap("lm_head")
         return slots, base
 
     def _draft(self, room: int):
@@ -333,53 +307,16 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
         slots, base = self._backbone(room)
         lap = self._clock()
+        rollout = self.proposer.rollout
         if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
-            confidence = self._rollout(slots, base, "score")[1]
-            ids, _, logits = self._rollout(slots, base, "sample")
+            confidence = rollout(slots, base, self.anchors, "score").probs
+            ids, logits, _ = rollout(slots, base, self.anchors, "sample", process=self._process)
         else:
-            ids, confidence, logits = *self._rollout(slots, base, "greedy" if self.processors else "score")[:2], None
+            mode = "greedy" if self.processors else "score"
+            ids, _, confidence = rollout(slots, base, self.anchors, mode, process=self._process, with_probs=True)
+            logits = None
         lap("head_rollout")
         return ids.to(self.rows.device), logits, confidence.to(self.rows.device)
-
-    def _rollout(self, slots, base, mode: str):
-        """Slot by slot over every row at once: ids (b, n) (target ids), each chosen token's draft probability
-        (b, n), and with `mode` "sample" the processed full-vocabulary logits they were drawn from (b, n, V).
-        "score" takes the raw logits' argmax (no processor, no draw), "greedy" the processed logits' argmax."""
-        b, n = base.shape[:2]
-        draft, tables = self.draft, self.tables
-        if tables is not None:
-            hidden_part = draft.correction_hidden_part(slots)  # (b, n, r)
-            state = slots.new_zeros(b, self.config.gru_hidden_dim)
-            state = draft.gru_step(state, draft.head_input_gates(self.head.embed(self.anchors.to(slots.device))))
-        ids, probs, processed = [], [], []
-        for j in range(n):
-            logits = base[:, j]  # (b, V')
-            if tables is not None and j >= self.config.pure_draft_prefix_len:
-                logits = torch.add(logits, draft.correction_from_parts(hidden_part[:, j], state))
-            if mode == "score":
-                index = logits.argmax(dim=-1)
-                token = self.head.to_target_ids(index)
-                prob = logits.softmax(dim=-1).gather(1, index[:, None])[:, 0]
-            else:
-                full = self._process(self.head.to_full_vocab(logits), torch.stack(ids, dim=1) if ids else None)
-                dist = full.softmax(dim=-1)
-                token = torch.multinomial(dist, 1)[:, 0] if mode == "sample" else full.argmax(dim=-1)
-                index = self.head.to_draft_index(token)
-                prob = dist.gather(1, token[:, None])[:, 0]
-                processed.append(full)
-            ids.append(token)
-            probs.append(prob)
-            if tables is not None and j + 1 < n:
-                state = draft.gru_step(state, self._gates(index, token))
-        processed = torch.stack(processed, dim=1) if mode == "sample" else None
-        return torch.stack(ids, dim=1), torch.stack(probs, dim=1).float(), processed
-
-    def _gates(self, index, token):
-        """GRU input gates (b, 3·Hg) of each row's drafted token."""
-        table = self.tables.gate_table
-        if table is not None and bool((index >= 0).all()):
-            return table[index]
-        return self.draft.head_input_gates(self.head.embed(token))
 
     # -------------------------------------------------------------------------------------- target side
     def _forward(self, ids, mask, new, keep, block=None):

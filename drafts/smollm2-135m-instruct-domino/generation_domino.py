@@ -13,7 +13,6 @@ Remote-code file (torch + transformers only). One speculative step, driven by tr
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
@@ -24,26 +23,17 @@ from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .hybrid_domino import (
-    ContextLookup,
     DraftBackoff,
     SourceChooser,
     Span,
-    SuffixLookup,
     VerifyCost,
     _Step,
     expected_accepted,
     shadow_accepted,
     store_history,
 )
-from .target_domino import (
-    DominoHeadTables,
-    DominoTargetHead,
-    block_position_ids,
-    check_draft_fits_target,
-    context_features,
-    draft_slots,
-    hidden_state_indices,
-)
+from .proposer_domino import DominoProposer, span_sources
+from .target_domino import DominoTargetHead, check_draft_fits_target, context_features, hidden_state_indices
 
 logger = logging.getLogger(__name__)
 
@@ -153,17 +143,6 @@ class DominoGenerationStats:
         )
 
 
-def _probe_copy(criterion):
-    """A copy of a stopping criterion whose list, dict and set attributes are its own (a shallow copy would share
-    them, and with them any state the criterion updates when called); everything else, a tokenizer included, is
-    shared."""
-    probe = copy.copy(criterion)
-    for name, value in vars(criterion).items():
-        if isinstance(value, (list, dict, set)):
-            setattr(probe, name, copy.copy(value))
-    return probe
-
-
 class DominoCandidateGenerator(CandidateGenerator):
     """Proposes candidates for transformers' assisted decoding (batch size 1), one verify step at a time.
 
@@ -226,31 +205,15 @@ class DominoCandidateGenerator(CandidateGenerator):
             c for c in (stopping_criteria or []) if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))
         ]
         self.return_logits = self.do_sample or generation_config.assistant_ensemble_weight is not None
-        self.use_head = draft.has_domino_head
-        # Head tables once per generate call (weights do not change while generating), not per step.
-        self.tables = DominoHeadTables.cached(draft, target, self.head) if self.use_head else None
         self.settings = settings
         self.cap = math.inf if settings.max_draft_tokens is None else settings.max_draft_tokens
         self.schedule, self.threshold = settings.num_assistant_tokens_schedule, settings.draft_confidence_threshold
-        self.lookup = None
-        if settings.context_lookup_tokens > 0:
-            self.lookup = ContextLookup(
-                settings.context_lookup_tokens,
-                settings.context_lookup_ngram,
-                eos_token_id=generation_config.eos_token_id,
-                logits_processor=self.logits_processor,
-                vocab_size=self.head.vocab_size,
-            )
         self.suffix_cache = suffix_cache
-        self.suffix_lookup = None
-        if suffix_cache is not None:
-            self.suffix_lookup = SuffixLookup(
-                suffix_cache,
-                settings.suffix_cache_max_span,
-                eos_token_id=generation_config.eos_token_id,
-                logits_processor=self.logits_processor,
-                vocab_size=self.head.vocab_size,
-            )
+        sources = span_sources(settings, suffix_cache, generation_config.eos_token_id, self.head.vocab_size,
+                               self.logits_processor)
+        self.proposer = DominoProposer(draft, target, self.extra_stopping, sources)
+        # The draft's logits go through the processors when they are sampled from, handed over as q, or processed.
+        self.processing = bool(self.logits_processor) or self.return_logits
         cost = VerifyCost.for_device(target.device, measure=settings.measure_verify_cost)
         proposed = self.config.num_draft_tokens + 1
         self.backoff = DraftBackoff(cost=cost, proposed=proposed) if settings.draft_backoff else None
@@ -273,7 +236,7 @@ class DominoCandidateGenerator(CandidateGenerator):
     def num_drafting_tokens(self) -> int:
         """The longest verify forward a step can ask for (anchor + proposal); transformers ≥ 5.25 reads it to
         size what its cache records for a roll-back."""
-        spans = [source.max_tokens for source in (self.lookup, self.suffix_lookup) if source is not None]
+        spans = [source.max_tokens for _, source in self.proposer.span_sources]
         return 1 + max([self.config.num_draft_tokens, *spans])
 
     @torch.no_grad()
@@ -287,7 +250,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
-        self._spans = self._find_spans(input_ids, budget)  # best first
+        self._spans = self.proposer.find_spans(input_ids, budget, self.chooser)  # best first
         self._span = self._spans[0] if self._spans else None
         span = input_ids.new_tensor(self._span.tokens) if self._span else input_ids.new_zeros(0)  # (L,) target ids
         if self._span and self.chooser.span_first(self._span):
@@ -298,10 +261,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         n_draft = min(budget, self.config.num_draft_tokens)
         started = time.perf_counter()
         clock = self._clock()
-        slot_hidden = self._backbone(input_ids, model_kwargs, n_draft)
-        clock("backbone")
-        base_logits = self.head.logits(slot_hidden)  # (n, V')
-        clock("lm_head")
+        slot_hidden, base_logits = self._backbone(input_ids, model_kwargs, n_draft, clock)  # (n, H), (n, V')
         predicted = greedy_ids = None
         if len(span):  # choose before drawing anything: both scores are functions of the context only
             greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
@@ -341,44 +301,10 @@ class DominoCandidateGenerator(CandidateGenerator):
     def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
         """The step's best span (context or cache) as candidates; when sampling, q is one-hot: the span is fixed
         given the context and the cache."""
-        span = span[: self.chooser.span_length(self._span)]
-        ids = span[None].to(input_ids.device)  # (1, L)
-        logits = None
-        if self.return_logits:
-            logits = torch.full((1, len(span), self.head.vocab_size), float("-inf"), device=input_ids.device)
-            logits.scatter_(2, ids[..., None], 0.0)
+        span = span[: self.chooser.span_length(self._span)].to(input_ids.device)
+        ids, logits, _ = self.proposer.span_proposal(span, self._span.source, self.return_logits)
         return self._propose(input_ids, ids, logits, self._span.source, predicted, shadow,
                              draft_ran=shadow is not None)
-
-    def _find_spans(self, input_ids, budget) -> tuple[Span, ...]:
-        """The spans this step: the context lookup's and the suffix cache's, each cut at `budget` and at a stop
-        criterion; the better one by the span history first (`SourceChooser.better_span`)."""
-        spans = []
-        for name, source in (("lookup", self.lookup), ("cache", self.suffix_lookup)):
-            if source is None:
-                continue
-            tokens, match = source(input_ids)
-            tokens = self._cut_at_stop(input_ids, tokens[:budget])
-            if len(tokens):
-                spans.append(Span(tokens.tolist(), match, name))
-        best = self.chooser.better_span(*spans)
-        return tuple(sorted(spans, key=lambda span: span is not best))
-
-    def _cut_at_stop(self, input_ids, span):
-        """`span` (S,) up to a stop criterion: never propose past a stop, the target's own token must stop
-        generation."""
-        if self.extra_stopping:
-            for j in range(len(span)):
-                if self._stops(torch.cat([input_ids, span[None, : j + 1]], dim=1)):
-                    return span[:j]
-        return span
-
-    def _stops(self, sequence) -> bool:
-        """Whether a criterion transformers does not check inside a block (stop strings, user criteria) fires on
-        a proposed `sequence`. Each criterion is asked through a copy: a stateful one (lm-eval's stop sequences
-        remember a row once it stopped) must not remember a proposal the target may reject. A criterion may answer
-        a tensor or a plain bool."""
-        return any(bool(torch.as_tensor(_probe_copy(c)(sequence, None)).any()) for c in self.extra_stopping)
 
     # ------------------------------------------------------------------------------------------- the draft
     def _stash_context(self, model_outputs, cur_len):
@@ -392,22 +318,19 @@ class DominoCandidateGenerator(CandidateGenerator):
             raise ValueError("Domino drafting needs the target's hidden states from the previous forward.")
         self.pending_context.append(context_features(model_outputs.hidden_states, self.config.target_layer_ids, n_new))
 
-    def _backbone(self, input_ids, model_kwargs, n_draft):
-        """One backbone forward over [anchor, MASK, …], absorbing the stashed context: slot states (n, H)."""
+    def _backbone(self, input_ids, model_kwargs, n_draft, lap=lambda phase: None):
+        """The proposer's backbone forward over [anchor, MASK, …], absorbing the stashed context into the draft's
+        context cache: slot states (n, H) and base logits (n, V')."""
         cur_len, device = input_ids.shape[1], self.draft.device
         context = torch.cat(self.pending_context, dim=1) if self.pending_context else None
         self.pending_context = []
         n_cached, n_new = len(self.cache), 0 if context is None else context.shape[1]
-        anchor_position = torch.tensor([cur_len - 1], device=device)
-        out = self.draft(
-            block_embeds=self.head.block_embeds(input_ids[:, -1]).to(device),  # (1, B, E)
-            block_position_ids=block_position_ids(anchor_position, self.config.block_size),  # (1, B)
-            target_hidden_states=None if context is None else context.to(device),
-            context_position_ids=torch.arange(n_cached, n_cached + n_new, device=device)[None],
-            attention_mask=self._key_mask(model_kwargs, cur_len),
-            past_key_values=self.cache,
+        slots, base = self.proposer.backbone(
+            input_ids[:, -1], torch.tensor([cur_len - 1], device=device), context,
+            torch.arange(n_cached, n_cached + n_new, device=device)[None], self._key_mask(model_kwargs, cur_len),
+            self.cache, n_draft, lap,
         )
-        return draft_slots(out.last_hidden_state[0], self.config)[:n_draft]  # (n, H)
+        return slots[0], base[0]
 
     def _clock(self):
         """A lap timer into `stats.timings` when profiling, else a no-op."""
@@ -423,98 +346,34 @@ class DominoCandidateGenerator(CandidateGenerator):
         return torch.cat([context, block], dim=1)[:, None, None, :].to(self.draft.device)
 
     def _rollout(self, slot_hidden, base_logits, input_ids, forced=None, greedy=False):
-        """Choose (or, with `forced`, score) the draft tokens slot by slot.
+        """The proposer's rollout of this sequence's block: ids (1, k), their processed logits (1, k, V) when
+        sampling (else None), and the draft's probability of each chosen token (a list).
 
-        Returns ids (1, k), their processed logits (1, k, V) when sampling (else None), and the draft's
-        probability of each chosen token. Slot j's logits are base_j (+ the head's correction once
-        j ≥ pure_draft_prefix_len, from the GRU state after [anchor, d_1 … d_j]). `forced` teacher-forces the
-        given tokens; `greedy` takes argmaxes even when sampling (a scoring pass, free of random draws).
-        Drafting stops early at a stop criterion, or when the draft's chain probability would fall below the
-        confidence threshold (fewer candidates: still lossless)."""
+        `forced` (k,) teacher-forces the given tokens and `greedy` takes argmaxes even when sampling (scoring
+        passes, free of random draws). Otherwise drafting stops early at a stop criterion, or when the draft's
+        chain probability would fall below the confidence threshold (fewer candidates: still lossless)."""
         scoring = forced is not None or greedy
-        n = base_logits.shape[0] if forced is None else len(forced)
-        tables, draft = self.tables, self.draft
-        if tables is not None:
-            hidden_part = draft.correction_hidden_part(slot_hidden)  # (n, r): all slots in one matmul
-            state = slot_hidden.new_zeros(1, self.config.gru_hidden_dim)
-            state = draft.gru_step(state, tables.input_gates(draft, None, input_ids[:, -1]))  # anchor: maybe off-vocab
-        sequence = input_ids
-        chosen, processed, probs = [], [], []
-        chain = 1.0
-        for j in range(n):
-            logits = base_logits[j : j + 1]  # (1, V')
-            if tables is not None and j >= self.config.pure_draft_prefix_len:
-                correction = draft.correction_from_parts(hidden_part[j : j + 1], state)  # (1, V')
-                logits = torch.add(logits, correction)  # promotes to fp32
-            full_logits = self._process(logits, sequence)
-            dist = None
-            if self.threshold > 0.0 or scoring:
-                # Decide on this slot from its distribution only, never from the token it will draw: a
-                # stop that depended on the drawn token would bias speculative sampling.
-                dist = (full_logits if full_logits is not None else logits).softmax(dim=-1)
-                if not scoring and chain * float(dist.max()) < self.threshold:
-                    break
-            if forced is not None:
-                token = forced[j].reshape(1, 1)
-                index = self._draft_index(token)
-            else:
-                token, index = self._pick(logits, full_logits, greedy)
-            if dist is not None:
-                if full_logits is not None:
-                    p = float(dist[0, token.squeeze()])
-                else:  # sub-vocabulary columns: a token outside them has probability 0
-                    p = 0.0 if index is None else float(dist[0, index.squeeze()])
-                chain *= p
-                probs.append(p)
-            if not scoring and (self.extra_stopping or self.logits_processor):  # only these read the prefix
-                sequence = torch.cat([sequence, token.to(sequence.device)], dim=1)
-                if self.extra_stopping and self._stops(sequence):
-                    break  # never draft past a stop: the target's own bonus token must be the one that stops
-            chosen.append(token)
-            processed.append(full_logits)
-            if tables is not None and j + 1 < n:
-                state = draft.gru_step(state, tables.input_gates(draft, index, token))
-        if not chosen:
-            return input_ids.new_zeros(1, 0), None, probs
-        draft_ids = torch.cat(chosen, dim=1)
-        draft_logits = torch.stack([p[0] for p in processed])[None] if self.return_logits and not scoring else None
-        return draft_ids, draft_logits, probs
+        mode = "greedy" if self.processing else "score"
+        if not scoring and self.do_sample:
+            mode = "sample"
 
-    def _process(self, logits, sequence):
-        """The target's logits processors applied to the draft's (corrected) logits, at full vocabulary width;
-        None on the plain greedy path, where nothing needs them."""
-        if not (self.logits_processor or self.return_logits):
-            return None
-        return self.logits_processor(sequence, self.head.to_full_vocab(logits))  # (1, V)
+        def process(full, ids):  # the processors see the sequence the slot's token would follow
+            if ids is not None and self.logits_processor:
+                return self.logits_processor(torch.cat([input_ids, ids.to(input_ids.device)], dim=1), full)
+            return self.logits_processor(input_ids, full)
 
-    def _pick(self, logits, full_logits, greedy=False):
-        """Argmax or sample; returns the target id (1, 1) and its draft-vocabulary index (1, 1), or None when
-        a processor made a token outside the sub-vocabulary the choice."""
-        if full_logits is None:
-            index = logits.argmax(dim=-1, keepdim=True)
-            return self.head.to_target_ids(index), index
-        if self.do_sample and not greedy:
-            token = self._sample(full_logits)
-        else:
-            token = full_logits.argmax(dim=-1, keepdim=True)
-        return token, self._draft_index(token)
+        def stop(ids):
+            return self.proposer.stops(torch.cat([input_ids, ids.to(input_ids.device)], dim=1))
 
-    def _draft_index(self, token):
-        """(1, 1) draft-vocabulary index of a target id, None outside the sub-vocabulary."""
-        index = self.head.to_draft_index(token)
-        return None if self.head.vocab_map is not None and int(index) < 0 else index
-
-    def _sample(self, full_logits):
-        """One draw from softmax(full_logits) (1, V) -> (1, 1). With a sub-vocabulary every other logit is
-        normally −inf (probability 0), so drawing over the sub-vocabulary's columns is the same distribution
-        with V/V' times fewer random numbers; a processor that put mass outside it falls back to the full draw."""
-        ids = self.head.draft_vocab_ids
-        if ids is not None:
-            ids = ids.to(full_logits.device)
-            sub_logits = full_logits[:, ids]  # (1, V')
-            if int(torch.isfinite(full_logits).sum()) == int(torch.isfinite(sub_logits).sum()):
-                return ids[torch.multinomial(sub_logits.softmax(dim=-1), num_samples=1)]
-        return torch.multinomial(full_logits.softmax(dim=-1), num_samples=1)
+        proposal = self.proposer.rollout(
+            slot_hidden[None], base_logits[None], input_ids[:, -1], mode,
+            forced=None if forced is None else forced[None], process=process,
+            threshold=0.0 if scoring else self.threshold,
+            stop=stop if not scoring and self.extra_stopping else None,
+        )
+        probs = [] if proposal.probs is None else proposal.probs[0].tolist()
+        logits = proposal.logits if self.return_logits and not scoring else None
+        return proposal.ids.to(input_ids.device), logits, probs
 
     def remember(self, sequences) -> None:
         """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any, and

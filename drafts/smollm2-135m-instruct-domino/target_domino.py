@@ -277,8 +277,9 @@ class DominoHeadTables:
         key += (hash(tuple(draft.config.draft_vocab_ids or ())),)
         return cached_for(draft, target, "head_tables", key, lambda: cls(draft, head))
 
-    def input_gates(self, draft, draft_index: torch.Tensor | None, target_id: torch.Tensor) -> torch.Tensor:
-        """W_ih · emb(token) -> (1, 3·Hg); `draft_index` None: a token outside the table (off the sub-vocabulary)."""
-        if self.gate_table is not None and draft_index is not None:
-            return self.gate_table[draft_index.reshape(1)]
-        return draft.head_input_gates(self.head.embed(target_id.reshape(1)))
+    def input_gates(self, draft, draft_index: torch.Tensor, target_id: torch.Tensor) -> torch.Tensor:
+        """W_ih · emb(token) of each row's token -> (R, 3·Hg): `draft_index` (R,) the tokens' rows in the table
+        (-1 off the sub-vocabulary), `target_id` (R,) their target ids (embedded when a row is off the table)."""
+        if self.gate_table is not None and bool((draft_index >= 0).all()):
+            return self.gate_table[draft_index.reshape(-1)]
+        return draft.head_input_gates(self.head.embed(target_id.reshape(-1)))
