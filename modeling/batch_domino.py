@@ -16,7 +16,8 @@ Rows accept different numbers of tokens: each keeps its own positions and its ow
 stop strings (lm-eval's, a user's) are asked exactly as plain decoding asks them: over the whole batch, one
 token column at a time, once every row has that column (`stops_domino.py`). Every choice (whether the draft runs, q) is
 made from the draft's distributions and past timings, never from a token drawn for the step: sampling is exact (and,
-the timings being left out of sampling calls by default, a seeded call repeats itself: `_verify_cost`).
+the timings being left out of sampling calls by default, a seeded call repeats itself: `_verify_cost`). Drafting
+goes through the proposer (`proposer_domino.py`), acceptance through `acceptance_domino.py`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .acceptance_domino import accept_chain
-from .batch_policy_domino import BatchPolicy, shared_cost
+from .batch_policy_domino import VERIFY_COSTS, BatchPolicy
 from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
 from .hybrid_domino import VerifyCost, store_history
 from .proposer_domino import DominoProposer, span_sources
@@ -79,10 +80,12 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             (`tree_domino.py`) instead of a chain.
         cache_argument (`str`, defaults to `"cache"`): the keyword the target's forward takes its cache by on the
             running transformers (the dispatch's `CACHE_ARGUMENT`).
+        cost_store ([`VerifyCostStore`], *optional*): the measured verify costs greedy calls start from and add to
+            (`VERIFY_COSTS`, the process's store, when omitted).
     """
 
     def __init__(self, draft, target, generation_config, logits_processor, stopping_criteria, settings, stats,
-                 suffix_cache=None, profile=False, tree=None, cache_argument="cache"):
+                 suffix_cache=None, profile=False, tree=None, cache_argument="cache", cost_store=None):
         check_attention_supported(target)
         self.draft, self.target, self.config = draft, target, draft.config
         self.head = DominoTargetHead.cached(draft, target)
@@ -108,6 +111,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.n_draft = self.config.num_draft_tokens  # `max_draft_tokens` caps each row's room (`caps`)
         self.settings, self.suffix_cache, self.stats, self.profile = settings, suffix_cache, stats, bool(profile)
         self.tree, self.cache_argument = tree, cache_argument
+        self.cost_store = VERIFY_COSTS if cost_store is None else cost_store
         # Spans are cut at EOS only: the processors may keep per-row state sized to the batch, so they are never
         # asked about one row alone (a span token they forbid is rejected by the verify: exact, one token wasted).
         # Drafts are not cut at stop strings either: a row's output is cut where it ends (`RowEnds`).
@@ -165,13 +169,13 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         return self._batch_view(width + max(self._length(r) for r in range(batch)))
 
     def _verify_cost(self, width: int):
-        """The verify-cost curve the policy chooses lengths by. Decoding greedily, or with `measure_verify_cost`, the
-        forwards are timed into the curve earlier calls measured at this context length (`shared_cost`). Sampling
-        without it, the fixed prior: a timing-dependent length would change which random numbers a step draws, so
-        a seeded call would not repeat itself."""
-        if self.settings.measure_verify_cost or not self.do_sample:
-            return shared_cost(self.target, width)
-        return VerifyCost.for_device(self.target.device)
+        """The verify-cost curve the policy chooses lengths by. Decoding greedily, the forwards are timed into the
+        curve earlier calls measured at this context length (`cost_store`). Sampling, the fixed prior, or with
+        `measure_verify_cost` a curve this call measures for itself: a timing-dependent length changes which random
+        numbers a step draws, and a seeded call never depends on an earlier one."""
+        if not self.do_sample:
+            return self.cost_store.cost(self.target, width)
+        return VerifyCost.for_device(self.target.device, measure=self.settings.measure_verify_cost)
 
     def _prefill(self, input_ids):
         """The prompts' forward. Without left padding it runs as plain decoding's does (a causal mask the attention
@@ -201,7 +205,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         b = len(self.rows)
         self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
         room = torch.tensor([min(self.budget - self.generated[r] - 1, self.caps[r]) for r in self.rows.tolist()])
-        self.policy.rows = self.rows.tolist()
+        self.policy.begin_step(self.rows.tolist())
         lap = self._clock()
         spans = self._find_spans(room)  # per row: the best span, or None
         drafting = self.n_draft > 0 and int(room.max()) > 0 and self.policy.should_draft()
@@ -223,7 +227,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         out = self._forward(step_ids, verify_mask(states, q), q, keep=q)
         tokens, accepted = accept_chain(self._target_logits(out.logits.float(), step_ids), step_ids, proposed,
                                         q_logits, self.do_sample)
-        self.policy.cost.observe(b * q, time.perf_counter() - began)  # the acceptance read the logits: the forward ran
+        self.policy.observe_verify(b * q, time.perf_counter() - began)  # the acceptance read the logits: it ran
         lap("verify")
         states.advance(accepted + 1)
         accepted_list = accepted.tolist()
@@ -262,7 +266,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         spans = []
         for i, row in enumerate(self.rows.tolist()):
             sequence = self.sequences[row : row + 1, self.prompt_start[row] : self.width + self.generated[row]]
-            found = self.proposer.find_spans(sequence, int(room[i]), self.policy.choosers[row])
+            found = self.proposer.find_spans(sequence, int(room[i]),
+                                             lambda *spans, row=row: self.policy.better_span(row, *spans))
             spans.append(found[0] if found else None)
         return spans
 
@@ -411,9 +416,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             self.suffix_cache.add(self.sequences[row, start : self.width + self._length(row)].tolist())
         history = store_history(self.suffix_cache)
         if history is not None:
-            rows = [chooser.history("cache") for chooser in self.policy.choosers]
-            history.update({bucket: [sum(h) / len(h) for h in zip(*(row[bucket] for row in rows))]
-                            for bucket in rows[0]})
+            history.update(self.policy.cache_history())
 
     def _drop_finished(self):
         """Rows whose output is final leave the batch: their cache rows, pending context and anchors."""

@@ -250,7 +250,7 @@ class DominoCandidateGenerator(CandidateGenerator):
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
             return self._propose(input_ids, None, None, "none")
-        self._spans = self.proposer.find_spans(input_ids, budget, self.chooser)  # best first
+        self._spans = self.proposer.find_spans(input_ids, budget, self.chooser.better_span)  # best first
         self._span = self._spans[0] if self._spans else None
         span = input_ids.new_tensor(self._span.tokens) if self._span else input_ids.new_zeros(0)  # (L,) target ids
         if self._span and self.chooser.span_first(self._span):

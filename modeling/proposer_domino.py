@@ -252,16 +252,16 @@ class DominoProposer:
         return reindexed(tokens, parents, depths, probs, order)
 
     # ------------------------------------------------------------------------------------------ spans and stops
-    def find_spans(self, sequence, room: int, chooser) -> tuple[Span, ...]:
+    def find_spans(self, sequence, room: int, better) -> tuple[Span, ...]:
         """The spans for a row whose tokens are `sequence` (1, L): each source's, cut at `room` tokens and at a
-        stop criterion; best first by the row's span history (`SourceChooser.better_span`)."""
+        stop criterion; best first by `better(*spans)` (the policy's pick, `SourceChooser.better_span`)."""
         spans = []
         for name, source in self.span_sources:
             tokens, match = source(sequence)
             tokens = self.cut_at_stop(sequence, tokens[: max(room, 0)])
             if len(tokens):
                 spans.append(Span(tokens.tolist(), match, name))
-        best = chooser.better_span(*spans)
+        best = better(*spans)
         return tuple(sorted(spans, key=lambda span: span is not best))
 
     def span_proposal(self, tokens, source: str, with_logits: bool) -> Proposal:

@@ -129,7 +129,7 @@ def test_never_right_rows_beside_always_right(fitted, flat_cost):
 def test_verify_cost_is_kept_across_calls(fitted, monkeypatch):
     """The measured verify cost outlives the call: the next call at a similar context length starts from it (not
     from the fixed prior), a much longer context from a curve of its own."""
-    from domino_hf.modeling.batch_policy_domino import shared_cost
+    from domino_hf.modeling.batch_policy_domino import VERIFY_COSTS
 
     target, draft, prompts = fitted("qwen3")
     seen = []
@@ -145,8 +145,8 @@ def test_verify_cost_is_kept_across_calls(fitted, monkeypatch):
         target.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=10, assistant_model=draft)
     (first, _), (second, measured) = seen[-2:]
     assert second is first and measured is not None and measured > 0
-    assert shared_cost(target, ids.shape[1]) is first
-    assert shared_cost(target, 4000) is not first
+    assert VERIFY_COSTS.cost(target, ids.shape[1]) is first
+    assert VERIFY_COSTS.cost(target, 4000) is not first
 
 
 def test_batch_of_one_keeps_the_single_sequence_path(fitted):

@@ -20,7 +20,6 @@ import copy
 import os
 import random
 import types
-import weakref
 from unittest import mock
 
 import pytest
@@ -125,7 +124,7 @@ def drafting_clock(seed: int):
     with contextlib.ExitStack() as stack:
         for module in (batch_domino, generation_domino, tree_domino):
             stack.enter_context(mock.patch.object(module, "time", clock))
-        stack.enter_context(mock.patch.object(batch_policy_domino, "_COSTS", weakref.WeakKeyDictionary()))
+        batch_policy_domino.VERIFY_COSTS.clear()
         yield
 
 

@@ -8,7 +8,6 @@ import itertools
 import json
 import logging
 import shutil
-import weakref
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -98,8 +97,8 @@ def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clo
         reference = target.generate(ids, do_sample=False, max_new_tokens=24)
         runs = {}
         for name, loaded in drafts.items():
-            # each call from the prior: the verify loop keeps measured costs across calls (`shared_cost`)
-            monkeypatch.setattr(batch_policy_domino, "_COSTS", weakref.WeakKeyDictionary())
+            # each call from the prior: the verify loop keeps measured costs across calls (`VERIFY_COSTS`)
+            batch_policy_domino.VERIFY_COSTS.clear()
             output = target.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=loaded)
             assert output.tolist() == reference.tolist(), name
             stats = loaded.last_generation_stats

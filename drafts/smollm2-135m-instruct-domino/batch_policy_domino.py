@@ -23,20 +23,40 @@ import torch
 from .hybrid_domino import SourceChooser, VerifyCost
 
 
-_COSTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {context bucket: VerifyCost}
+class VerifyCostStore:
+    """The measured verify costs that outlive a call: one measuring `VerifyCost` per target, device and context
+    bucket (under 512 tokens, under 1,024, under 2,048, …), so a greedy call starts from the curve earlier calls
+    measured on this machine instead of the fixed prior (a short call never measures enough to learn it) and a long
+    prompt from the costs of long prompts. Its moving averages follow the machine as it goes.
+
+    Only greedy calls read it (their output cannot depend on timings): a sampling call never does, so a seeded call
+    never depends on an earlier one. `enabled = False` starts every call from the prior; `clear()` forgets what
+    was measured. The verify loop uses the process's store, `VERIFY_COSTS`, unless given another.
+
+    Args:
+        enabled (`bool`, defaults to `True`): keep measured costs across calls.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(device, bucket): cost}
+
+    def cost(self, target, context: int) -> VerifyCost:
+        """The measuring verify cost of `target` for a call whose prompts reach `context` tokens (a fresh one, the
+        prior, when the store is off)."""
+        if not self.enabled:
+            return VerifyCost.for_device(target.device, measure=True)
+        costs = self._costs.setdefault(target, {})
+        key = (str(target.device), (max(int(context), 0) // 512).bit_length())
+        if key not in costs:
+            costs[key] = VerifyCost.for_device(target.device, measure=True)
+        return costs[key]
+
+    def clear(self) -> None:
+        self._costs = weakref.WeakKeyDictionary()
 
 
-def shared_cost(target, context: int) -> VerifyCost:
-    """The measuring verify cost of `target` for a call whose prompts reach `context` tokens: one per target and
-    context bucket (under 512 tokens, under 1,024, under 2,048, …), kept across calls, so a call starts from the
-    curve earlier calls measured on this machine instead of the fixed prior (a short call never measures enough to
-    learn it) and a long prompt from the costs of long prompts. Its moving averages follow the machine as it goes."""
-    bucket = max(int(context), 0) // 512
-    costs = _COSTS.setdefault(target, {})
-    key = (str(target.device), bucket.bit_length())
-    if key not in costs:
-        costs[key] = VerifyCost.for_device(target.device, measure=True)
-    return costs[key]
+VERIFY_COSTS = VerifyCostStore()  # the process's store
 
 
 class BatchBackoff:
@@ -107,7 +127,11 @@ class BatchPolicy:
         self.backoff = BatchBackoff() if backoff else None
         self.realised = self.predicted = 1.0  # the draft's calibration: accepted ÷ expected tokens (pseudo-counts)
         self.draft_seconds: float | None = None
-        self.rows: list[int] = []  # live row -> original row, set by the loop each step
+        self.rows: list[int] = []  # live row -> original row, set by the loop each step (`begin_step`)
+
+    def begin_step(self, rows: list[int]) -> None:
+        """A step of the live `rows` (their original row numbers, in the step's order) begins."""
+        self.rows = rows
 
     def should_draft(self) -> bool:
         return self.backoff is None or self.backoff.should_draft()
@@ -119,6 +143,44 @@ class BatchPolicy:
             return
         old = self.draft_seconds
         self.draft_seconds = seconds if old is None else 0.7 * old + 0.3 * seconds
+
+    def observe_verify(self, tokens: int, seconds: float) -> None:
+        """A verify forward over `tokens` tokens took `seconds` (a measuring cost fits its curve to it)."""
+        self.cost.observe(tokens, seconds)
+
+    def calibration(self) -> float:
+        """The draft's calibration so far: its accepted ÷ expected tokens (with pseudo-counts)."""
+        return self.realised / self.predicted
+
+    def better_span(self, row: int, *spans):
+        """The span a row's history expects more of (`SourceChooser.better_span`), None without any."""
+        return self.choosers[row].better_span(*spans)
+
+    def span_first(self, row: int, span) -> bool:
+        """Whether a row sends its span alone, without running the draft (`SourceChooser.span_first`)."""
+        return self.choosers[row].span_first(span)
+
+    def span_branch(self, row: int, span) -> tuple[list[int], list[float]]:
+        """A span as a draft tree's branch: the tokens the row sends and each one's acceptance probability, from
+        the span's history."""
+        sent = self.span_tokens(row, span)
+        return sent, torch.tensor(self.choosers[row].span_model(span).h[: len(sent)]).cumprod(0).tolist()
+
+    def record_tree_step(self, row: int, span, verified: list[int], predicted: float | None, depth: int | None):
+        """After a tree step's verify: the span's history against the `verified` tokens (and whether it was
+        accepted whole: keep copying); when the draft's own tree was verified, its calibration (`predicted`
+        expected against `depth` accepted draft nodes) and the accepted depth `span_first` weighs."""
+        if span is not None:
+            self.choosers[row].observe_branch(span, verified)
+        if predicted is not None:
+            self.predicted += predicted
+            self.realised += depth
+            self.choosers[row].observe_block(depth)
+
+    def cache_history(self) -> dict:
+        """What suffix-cache spans were worth in this call, averaged over the rows (`SourceChooser.history`)."""
+        rows = [chooser.history("cache") for chooser in self.choosers]
+        return {bucket: [sum(h) / len(h) for h in zip(*(row[bucket] for row in rows))] for bucket in rows[0]}
 
     def seconds(self, tokens: int) -> float:
         """A forward over `tokens` tokens: fitted to the timings so far, else the prior curve."""

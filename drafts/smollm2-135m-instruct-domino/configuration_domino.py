@@ -394,8 +394,9 @@ class DraftingSettings:
             weigh block against span by this machine's measured cost (`VerifyCost`) instead of a fixed curve.
             Timing steers only which proposal goes out: greedy stays identical, sampling exact, but the per-step
             choices may differ between runs, and so may seeded sampling. Batches and draft trees measure when
-            decoding greedily either way (their output cannot depend on it); a sampling call measures only with
-            `True`, so that without it a seeded call repeats itself.
+            decoding greedily either way (their output cannot depend on it), into the costs kept across calls
+            (`VerifyCostStore`); a sampling call measures only with `True`, into a curve of its own, so that without
+            it a seeded call repeats itself and with it never depends on an earlier call.
         cut_lookup_spans (`bool`, defaults to `False`): send only the prefix of a context-lookup span with the most
             expected tokens per unit of verify cost (`SourceChooser.span_length`) instead of the whole span.
         use_suffix_cache (`bool` or `None`, defaults to `None`): also draft from a store of earlier generations (a

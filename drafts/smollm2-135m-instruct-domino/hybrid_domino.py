@@ -450,12 +450,21 @@ class SourceChooser:
         if step.draft_ran and step.spans:
             self._observe_run_gain(step, accepted, verified)
         if is_span and shadow is not None:
-            self.domino_average += self.alpha * (shadow - self.domino_average)
+            self.observe_block(shadow)
         elif step.source == "domino":
-            self.domino_average += self.alpha * (accepted - self.domino_average)
+            self.observe_block(accepted)
             if step.predicted is not None:
                 self.predicted += step.predicted
                 self.realised += accepted
+
+    def observe_block(self, accepted: int) -> None:
+        """The draft's block (or tree) had `accepted` tokens accepted (or would have had, beaten by a span)."""
+        self.domino_average += self.alpha * (accepted - self.domino_average)
+
+    def observe_branch(self, span: Span, verified: list[int]) -> None:
+        """A span verified as a tree's branch: its history, and whether it was accepted whole (keep copying)."""
+        self.span_model(span).observe(span.tokens, verified)
+        self.copying = verified[: len(span.tokens)] == span.tokens
 
     def _observe_run_gain(self, step: _Step, accepted: int, verified: list[int]) -> None:
         """Tokens per cost the step got with the draft run, minus what its best span alone would have got."""

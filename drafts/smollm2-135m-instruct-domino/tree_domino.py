@@ -164,12 +164,11 @@ class TreeSteps:
         row = int(self.rows[0])
         self.anchors = self.sequences[self.rows, self.width + self.generated[row] - 1]  # (1,)
         room = min(self.budget - self.generated[row] - 1, self.caps[row])  # draft tokens that can still be verified
-        self.policy.rows = [row]
+        self.policy.begin_step([row])
         span = self._find_spans(torch.tensor([room]))[0]
         policy, tree = self.policy, DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3),
                                               torch.zeros(0))
-        chooser = policy.choosers[row]
-        span_only = span is not None and chooser.span_first(span)  # a copy under way, or spans like it beat the draft
+        span_only = span is not None and policy.span_first(row, span)  # a copy under way, or spans beat the draft
         drafted = room > 0 and self.n_draft > 0 and not span_only and policy.should_draft()
         raw = None
         if drafted:
@@ -179,12 +178,11 @@ class TreeSteps:
             raw = self.proposer.tree(slots[0], base[0], self.anchors, self.tree.width, self.tree.top_k)
             if policy.threshold > 0:  # `draft_confidence_threshold`: the nodes whose path probability reaches it
                 raw = prefix(raw, int((raw.probs >= policy.threshold).sum()))
-            tree = scale(raw, policy.realised / policy.predicted)
+            tree = scale(raw, policy.calibration())
             policy.observe_draft(time.perf_counter() - began)
             lap("head_rollout")
         if span is not None:
-            sent = policy.span_tokens(row, span)
-            tree = add_chain(tree, sent, torch.tensor(chooser.span_model(span).h[: len(sent)]).cumprod(0).tolist())
+            tree = add_chain(tree, *policy.span_branch(row, span))
         count = tree_budget(tree, policy.seconds, room) if tree.size else 0
         tree = prefix(tree, count)
         block = (tree_mask(tree), tree_positions(tree))
@@ -196,7 +194,7 @@ class TreeSteps:
                             block=block)
         processed = self._tree_logits(out.logits[0].float(), tree)  # (1 + N, V) after the anchor and each node
         path, bonus = accept_tree(tree.tokens, tree.parents, processed, self.do_sample)
-        policy.cost.observe(1 + count, time.perf_counter() - began)
+        policy.observe_verify(1 + count, time.perf_counter() - began)
         lap("verify")
         if count:
             self._schedule([row], [int(tree.depths.max())], [len(path)])
@@ -204,16 +202,13 @@ class TreeSteps:
         states.compact(kept[1:])
         states.advance(torch.tensor([len(kept)]))
         new = tree.tokens[path].tolist() + [bonus]
-        if span is not None:
-            chooser.span_model(span).observe(span.tokens, new)
-            chooser.copying = new[: len(span.tokens)] == span.tokens  # the whole span accepted: keep copying
-        if raw is not None and count:  # calibrate the draft's own path probabilities on the draft nodes verified
+        predicted = depth = None
+        if raw is not None and count:  # the draft's own path probabilities against the draft nodes accepted
             own = dict(zip(path_keys(raw), raw.probs.tolist()))
             keys = path_keys(tree)
             depth = sum(keys[node] in own for node in path)  # accepted nodes the draft's own tree holds
-            policy.predicted += sum(own.get(key, 0.0) for key in keys if len(key) <= room)
-            policy.realised += depth
-            chooser.domino_average += chooser.alpha * (depth - chooser.domino_average)  # what `span_first` weighs
+            predicted = sum(own.get(key, 0.0) for key in keys if len(key) <= room)
+        policy.record_tree_step(row, span, new, predicted, depth)
         features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
         before = self.generated[row]
         self._append([new], torch.tensor([len(kept)]), features)
