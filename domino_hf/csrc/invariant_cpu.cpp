@@ -239,7 +239,7 @@ inline void store_row<uint16_t>(uint16_t* p, const float* v, int64_t D) {
 }
 
 constexpr int64_t MAX_DV = 16;  // head dim up to 256 (16 vectors)
-constexpr int64_t ROWS = 8;  // queries of one key/value head a task takes in turn (its keys stay in cache)
+constexpr int64_t ROWS = 8;  // queries of one key/value head a task takes together (sharing each key's loads)
 
 AVX512 inline __mmask16 lanes(int64_t left) {
   return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -278,63 +278,105 @@ AVX512 inline __m512 hsum16(const __m512* a) {
   return _mm512_permutexvar_ps(order, hsum16_tree(a));
 }
 
-// One query against keys [0, L) of its key/value head, seeing those `allowed` marks (or, with no mask, keys
-// [0, limit]): scores, softmax and the weighted sum of values, in one fixed order:
-//   score of a key: FMA over dims in chunks of 16 lanes, then the `hsum` tree (16 keys at a time, `hsum16`);
+// Up to ROWS queries of one key/value head against keys [0, L), each seeing those its `allowed` row marks (or,
+// with no mask, keys [0, limit]): scores, softmax and the weighted sum of values. Each key's and value's loads are
+// shared by the queries; each query's own arithmetic is one fixed sequence that depends only on it and its
+// visible keys:
+//   score of a key: FMA over dims in chunks of 16 lanes from zero, then the `hsum` tree (16 keys at a time,
+//   `hsum16`, whose sum for one key reads that key's lanes only);
 //   exp and sum over its visible keys' scores in key order, in chunks of 16 lanes, then `hsum`;
 //   output: FMA of each visible key's weight and value, in key order, divided by the sum.
+// A query's keys past its own limit are never computed; keys it may not see are never added.
 template <typename T>
-AVX512 void attend_one(const float* q /*[D] fp32, scaled*/, const bool* allowed, int64_t limit, const T* k,
-                       int64_t k_stride, const T* v, int64_t v_stride, int64_t L, int64_t D, int64_t Dv,
-                       float* scores /*[L + 16]*/, int64_t* keys /*[L]*/, float* out /*[Dv]*/) {
-  const int64_t qv = (D + 15) / 16, vv = (Dv + 15) / 16;
-  int64_t last = allowed ? -1 : std::min(limit, L - 1);
-  if (allowed)
-    for (int64_t j = L - 1; j >= 0; --j)
-      if (allowed[j]) { last = j; break; }
-  if (last < 0) {  // a query that may see nothing (a padding row): zeros
-    std::fill(out, out + Dv, 0.0f);
-    return;
+AVX512 void attend_rows(int64_t R, const float* q /*[R][D] fp32, scaled*/, const bool* const* allowed /*[R]*/,
+                        const int64_t* limit /*[R]*/, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                        int64_t L, int64_t D, int64_t Dv, float* scores /*[R][L + 16]*/, int64_t* keys /*[R][L]*/,
+                        float* out /*[R][Dv]*/) {
+  const int64_t qv = (D + 15) / 16, vv = (Dv + 15) / 16, ss = L + 16;
+  int64_t last[ROWS], n[ROWS];
+  float mx[ROWS];
+  int64_t reach = -1;  // the last key any of the queries sees
+  for (int64_t r = 0; r < R; ++r) {
+    last[r] = allowed[r] ? -1 : std::min(limit[r], L - 1);
+    if (allowed[r])
+      for (int64_t j = L - 1; j >= 0; --j)
+        if (allowed[r][j]) { last[r] = j; break; }
+    n[r] = 0;
+    mx[r] = -INFINITY;
+    reach = std::max(reach, last[r]);
   }
-  __m512 qr[MAX_DV];
-  for (int64_t c = 0; c < qv; ++c) qr[c] = _mm512_maskz_loadu_ps(lanes(D - c * 16), q + c * 16);
-  int64_t n = 0;
-  float mx = -INFINITY;
+  __m512 qr[ROWS][MAX_DV];
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < qv; ++c) qr[r][c] = _mm512_maskz_loadu_ps(lanes(D - c * 16), q + r * D + c * 16);
   alignas(64) float block[16];
-  for (int64_t j0 = 0; j0 <= last; j0 += 16) {
-    __m512 acc[16];
-    for (int t = 0; t < 16; ++t) {
-      acc[t] = _mm512_setzero_ps();
-      if (j0 + t > last) continue;
+  __m512 acc[ROWS][16];
+  for (int64_t j0 = 0; j0 <= reach; j0 += 16) {
+    for (int64_t r = 0; r < R; ++r)
+      for (int t = 0; t < 16; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int t = 0; t < 16 && j0 + t <= reach; ++t) {
       const T* key = k + (j0 + t) * k_stride;
-      for (int64_t c = 0; c < qv; ++c)
-        acc[t] = _mm512_fmadd_ps(qr[c], load_row<T>(key + c * 16, lanes(D - c * 16)), acc[t]);
+      __m512 kc[MAX_DV];
+      for (int64_t c = 0; c < qv; ++c) kc[c] = load_row<T>(key + c * 16, lanes(D - c * 16));
+      for (int64_t r = 0; r < R; ++r) {
+        if (j0 + t > last[r]) continue;
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t c = 0; c < qv; ++c) a = _mm512_fmadd_ps(qr[r][c], kc[c], a);
+        acc[r][t] = a;
+      }
     }
-    _mm512_store_ps(block, hsum16(acc));
-    for (int t = 0; t < 16 && j0 + t <= last; ++t) {
-      if (allowed && !allowed[j0 + t]) continue;
-      scores[n] = block[t];
-      keys[n++] = j0 + t;
-      mx = std::max(mx, block[t]);
+    for (int64_t r = 0; r < R; ++r) {
+      if (j0 > last[r]) continue;
+      _mm512_store_ps(block, hsum16(acc[r]));
+      const bool* al = allowed[r];
+      for (int t = 0; t < 16 && j0 + t <= last[r]; ++t) {
+        if (al && !al[j0 + t]) continue;
+        scores[r * ss + n[r]] = block[t];
+        keys[r * L + n[r]++] = j0 + t;
+        mx[r] = std::max(mx[r], block[t]);
+      }
     }
   }
-  const __m512 mxv = _mm512_set1_ps(mx);
-  __m512 sum = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 m = lanes(n - t);
-    __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, scores + t), mxv)));
-    _mm512_mask_storeu_ps(scores + t, m, e);
-    sum = _mm512_add_ps(sum, e);
+  float total[ROWS];
+  for (int64_t r = 0; r < R; ++r) {
+    float* sc = scores + r * ss;
+    const __m512 mxv = _mm512_set1_ps(mx[r]);
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n[r]; t += 16) {
+      const __mmask16 m = lanes(n[r] - t);
+      __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mxv)));
+      _mm512_mask_storeu_ps(sc + t, m, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    total[r] = hsum(sum);
   }
-  const __m512 tv = _mm512_set1_ps(hsum(sum));
-  __m512 o[MAX_DV];
-  for (int64_t c = 0; c < vv; ++c) o[c] = _mm512_setzero_ps();
-  for (int64_t t = 0; t < n; ++t) {
-    const T* value = v + keys[t] * v_stride;
-    const __m512 p = _mm512_set1_ps(scores[t]);
-    for (int64_t c = 0; c < vv; ++c) o[c] = _mm512_fmadd_ps(p, load_row<T>(value + c * 16, lanes(Dv - c * 16)), o[c]);
+  __m512 o[ROWS][MAX_DV];
+  int64_t next[ROWS];  // each query's next visible key (an index into its keys)
+  for (int64_t r = 0; r < R; ++r) {
+    next[r] = 0;
+    for (int64_t c = 0; c < vv; ++c) o[r][c] = _mm512_setzero_ps();
   }
-  for (int64_t c = 0; c < vv; ++c) _mm512_mask_storeu_ps(out + c * 16, lanes(Dv - c * 16), _mm512_div_ps(o[c], tv));
+  for (int64_t j = 0; j <= reach; ++j) {
+    bool seen = false;
+    for (int64_t r = 0; r < R; ++r) seen |= next[r] < n[r] && keys[r * L + next[r]] == j;
+    if (!seen) continue;
+    const T* value = v + j * v_stride;
+    __m512 vc[MAX_DV];
+    for (int64_t c = 0; c < vv; ++c) vc[c] = load_row<T>(value + c * 16, lanes(Dv - c * 16));
+    for (int64_t r = 0; r < R; ++r) {
+      if (next[r] >= n[r] || keys[r * L + next[r]] != j) continue;
+      const __m512 p = _mm512_set1_ps(scores[r * ss + next[r]++]);
+      for (int64_t c = 0; c < vv; ++c) o[r][c] = _mm512_fmadd_ps(p, vc[c], o[r][c]);
+    }
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float* res = out + r * Dv;
+    if (last[r] < 0) {  // a query that may see nothing (a padding row): zeros
+      std::fill(res, res + Dv, 0.0f);
+      continue;
+    }
+    const __m512 tv = _mm512_set1_ps(total[r]);
+    for (int64_t c = 0; c < vv; ++c) _mm512_mask_storeu_ps(res + c * 16, lanes(Dv - c * 16), _mm512_div_ps(o[r][c], tv));
+  }
 }
 
 template <typename T>
@@ -348,28 +390,34 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
   const T* vp = reinterpret_cast<const T*>(v.data_ptr());
   T* op = reinterpret_cast<T*>(out.data_ptr());  // [B, Q, H, Dv] contiguous
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides();
-  // a task: up to ROWS of the groups × Q queries that read one key/value head of one batch row (its keys stay in
-  // cache between them); each query is computed alone, in the order `attend_one` fixes
+  // a task: up to ROWS of the groups × Q queries that read one key/value head of one batch row, together
+  // (`attend_rows`: they share each key's loads; each query's arithmetic is its own)
   at::parallel_for(0, B * KVH * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(L + 16), qf(D), of(Dv);
-    std::vector<int64_t> keys(L);
+    std::vector<float> scores(ROWS * (L + 16)), qf(ROWS * D), of(ROWS * Dv);
+    std::vector<int64_t> keys(ROWS * L);
+    const bool* allowed[ROWS];
+    int64_t limit[ROWS], head[ROWS], pos[ROWS];
     for (int64_t task = begin; task < end; ++task) {
       const int64_t b = task / (KVH * chunks), kvh = (task / chunks) % KVH, first = (task % chunks) * ROWS;
-      for (int64_t r = first; r < std::min<int64_t>(first + ROWS, per_head); ++r) {
+      const int64_t R = std::min<int64_t>(first + ROWS, per_head) - first;
+      for (int64_t j = 0; j < R; ++j) {
+        const int64_t r = first + j;
         const int64_t h = kvh * groups + r / Q, i = r % Q;  // repeat_kv's order: head h reads kv head h / groups
+        head[j] = h;
+        pos[j] = i;
         const T* qr = qp + b * qs[0] + h * qs[1] + i * qs[2];
         for (int64_t d = 0; d < D; ++d) {
           float f;
           if constexpr (std::is_same_v<T, float>) f = qr[d];
           else f = c10::detail::f32_from_bits(qr[d]);
-          qf[d] = f * scale;
+          qf[j * D + d] = f * scale;
         }
-        // no mask: causal, aligned to the end of the keys
-        attend_one<T>(qf.data(), mask ? mask + b * mask_b_stride + i * mask_q_stride : nullptr, L - Q + i,
-                      kp + b * ks[0] + kvh * ks[1], ks[2], vp + b * vs[0] + kvh * vs[1], vs[2], L, D, Dv,
-                      scores.data(), keys.data(), of.data());
-        store_row<T>(op + ((b * Q + i) * H + h) * Dv, of.data(), Dv);
+        allowed[j] = mask ? mask + b * mask_b_stride + i * mask_q_stride : nullptr;
+        limit[j] = L - Q + i;  // no mask: causal, aligned to the end of the keys
       }
+      attend_rows<T>(R, qf.data(), allowed, limit, kp + b * ks[0] + kvh * ks[1], ks[2], vp + b * vs[0] + kvh * vs[1],
+                     vs[2], L, D, Dv, scores.data(), keys.data(), of.data());
+      for (int64_t j = 0; j < R; ++j) store_row<T>(op + ((b * Q + pos[j]) * H + head[j]) * Dv, of.data() + j * Dv, Dv);
     }
   });
 }
