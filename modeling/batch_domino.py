@@ -61,7 +61,7 @@ _ROW_FREE_PROCESSORS = ("TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogi
 _ROW_CRITERIA = (StopStringCriteria,)
 
 
-class DominoBatchDecoder(TreeSteps, RowEnds):
+class DominoBatchDecoder:
     """Decodes a left-padded batch with a Domino draft, each row exactly as plain decoding decodes it.
 
     Args:
@@ -117,6 +117,9 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         # Drafts are not cut at stop strings either: a row's output is cut where it ends (`RowEnds`).
         self.proposer = DominoProposer(draft, target, span_sources=span_sources(settings, suffix_cache, self.eos,
                                                                                 self.head.vocab_size))
+        self.tree_steps = None if tree is None else TreeSteps(
+            self.proposer, tree, self.n_draft, self.do_sample, self._process if self.processors else None,
+            self.row_free)
 
     # ------------------------------------------------------------------------------------------ the loop
     @torch.no_grad()
@@ -142,12 +145,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         capacity = self.generation_config.max_length + longest + 1
         self.sequences = torch.full((batch, capacity), self.pad_id, dtype=torch.long, device=device)
         self.sequences[:, :width] = input_ids
-        self.generated = [0] * batch  # tokens generated per row
-        self.final: list[int | None] = [None] * batch  # a row's generated length once it stopped
-        self.flagged: list = [False] * batch  # the token column a criterion stopped each row at
-        self.stop_at = self.budget  # every row's output ends by then
-        self.replayed = 0  # token columns the whole-batch criteria have been asked about
-        self.streamer = streamer
+        self.ends = RowEnds(self.sequences, width, self.budget, self.eos_ids, self.row_criteria, self.batch_criteria,
+                            self.pad_id, self.pad_finished, streamer)
         self.stats.per_row = [type(self.stats)() for _ in range(batch)]
         self.rows = torch.arange(batch, device=device)  # live row -> original row
         self.policy = BatchPolicy(batch, max_span, self._verify_cost(width), self.settings.draft_backoff,
@@ -158,15 +157,15 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         self.cache = RaggedCache(start, capacity)
         self.draft_cache = RaggedContextCache(start.to(self.draft.device), capacity)
         self._prefill(input_ids)
-        self._replay()
+        self.ends.replay(self.rows.tolist())
         self._drop_finished()  # the prefill's token may end a row (`max_new_tokens=1`, EOS)
         while len(self.rows):
             self._tree_step() if self.tree is not None and batch == 1 else self._step()
-            self._replay()
+            self.ends.replay(self.rows.tolist())
             self._drop_finished()
             self._lap("rows")
-        self._replay(final=True)
-        return self._batch_view(width + max(self._length(r) for r in range(batch)))
+        self.ends.replay(self.rows.tolist(), final=True)
+        return self.ends.batch_view(width + self.ends.longest())
 
     def _verify_cost(self, width: int):
         """The verify-cost curve the policy chooses lengths by. Decoding greedily, the forwards are timed into the
@@ -204,7 +203,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         the step, one target forward, each row's accepted tokens."""
         b = len(self.rows)
         self.anchors = self.sequences[self.rows, self.width + self._generated_tensor() - 1]  # (b,)
-        room = torch.tensor([min(self.budget - self.generated[r] - 1, self.caps[r]) for r in self.rows.tolist()])
+        generated = self.ends.generated
+        room = torch.tensor([min(self.budget - generated[r] - 1, self.caps[r]) for r in self.rows.tolist()])
         self.policy.begin_step(self.rows.tolist())
         lap = self._clock()
         spans = self._find_spans(room)  # per row: the best span, or None
@@ -234,14 +234,43 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         new = [step_ids[i, 1 : 1 + n].tolist() + [int(tokens[i, n])] for i, n in enumerate(accepted_list)]
         self.policy.update(proposal, q, accepted_list, new)
         self._schedule(self.rows.tolist(), proposed.tolist(), accepted_list)
-        before = [self.generated[row] for row in self.rows.tolist()]
+        before = [self.ends.generated[row] for row in self.rows.tolist()]
         self._append(new, accepted + 1, context_features(out.hidden_states, self.layer_ids))
         for i, row in enumerate(self.rows.tolist()):
             source = proposal.sources[i] if q > 1 and int(proposed[i]) > 0 else "none"
-            kept = max(self.generated[row] - before[i] - 1, 0)  # accepted tokens the row kept (its end may cut some)
+            kept = max(self.ends.generated[row] - before[i] - 1, 0)  # accepted tokens kept (its end may cut some)
             for record in (self.stats, self.stats.per_row[row]):
                 record.record(int(proposed[i]) if source != "none" else 0, kept, source, drafting)
         self._lap = lap  # `decode` adds the replay and rows leaving to `rows`
+
+    def _tree_step(self):
+        """One draft tree of the single live row verified in one forward (`tree_domino.TreeSteps`)."""
+        lap = self._clock()
+        row = int(self.rows[0])
+        before = self.ends.generated[row]
+        self.anchors = self.sequences[self.rows, self.width + before - 1]  # (1,)
+        room = min(self.budget - before - 1, self.caps[row])  # draft tokens that can still be verified
+        self.policy.begin_step([row])
+        span = self._find_spans(torch.tensor([room]))[0]
+        step = self.tree_steps.step(row, self.anchors, room, span, self.policy, self._backbone, self._verify_tree,
+                                    self._clock, lap)
+        if step.count:
+            self._schedule([row], [step.depth], [len(step.path)])
+        states = self.cache.states
+        states.compact(step.kept[1:])
+        states.advance(torch.tensor([len(step.kept)]))
+        features = context_features(step.out.hidden_states, self.layer_ids)[:, step.kept.to(step.out.logits.device)]
+        self._append([step.new], torch.tensor([len(step.kept)]), features)
+        for record in (self.stats, self.stats.per_row[row]):  # the accepted depth the row kept (its end may cut it)
+            record.record(step.count, self.ends.generated[row] - before - 1, step.source, step.drafted)
+        self._lap = step.lap
+
+    def _verify_tree(self, step_ids, block):
+        """The target's forward over the anchor and a draft tree (`block`: its mask and position offsets)."""
+        new = step_ids.shape[1]
+        states = self.cache.states
+        states.plan(new)
+        return self._forward(step_ids, verify_mask(states, new, block=block), new, keep=new, block=block)
 
     def _schedule(self, rows: list[int], proposed: list[int], accepted: list[int]) -> None:
         """`num_assistant_tokens_schedule="heuristic"`: each row's cap grows by 2 after a proposal accepted in full
@@ -265,7 +294,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             return [None] * len(self.rows)
         spans = []
         for i, row in enumerate(self.rows.tolist()):
-            sequence = self.sequences[row : row + 1, self.prompt_start[row] : self.width + self.generated[row]]
+            sequence = self.sequences[row : row + 1, self.prompt_start[row] : self.width + self.ends.generated[row]]
             found = self.proposer.find_spans(sequence, int(room[i]),
                                              lambda *spans, row=row: self.policy.better_span(row, *spans))
             spans.append(found[0] if found else None)
@@ -356,7 +385,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
             return self.processors(torch.zeros(len(logits), 1, dtype=torch.long, device=logits.device), logits)
         k = 0 if extra is None else extra.shape[1]
         rows = self.rows.tolist()
-        lengths = [self.width + self.generated[row] + k for row in rows]
+        lengths = [self.width + self.ends.generated[row] + k for row in rows]
         out = torch.empty_like(logits)
         for length in sorted(set(lengths)):
             group = [i for i, n in enumerate(lengths) if n == length]
@@ -373,23 +402,13 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
 
     # ---------------------------------------------------------------------------------------- row state
     def _generated_tensor(self):
-        return torch.tensor([self.generated[r] for r in self.rows.tolist()], device=self.rows.device)
+        return torch.tensor([self.ends.generated[r] for r in self.rows.tolist()], device=self.rows.device)
 
     def _append(self, new: list[list[int]], counts, features):
         """Give each live row its new tokens (cut where its output ends: EOS, the length limit, a stop string), and
         queue the target features of the verified positions (`counts[i]` of `features[i]`) for the next draft
         forward."""
-        for i, row in enumerate(self.rows.tolist()):
-            if self.final[row] is not None:  # the stop string of a row before it in this step ended the batch
-                continue
-            end, tokens = self.generated[row], new[i]
-            for k, token in enumerate(tokens):
-                self.sequences[row, self.width + end + k] = token
-                if self._row_ends(row, end + k + 1, token):
-                    self.final[row] = end + k + 1
-                    tokens = tokens[: k + 1]
-                    break
-            self.generated[row] = end + len(tokens)
+        self.ends.append(self.rows.tolist(), new)
         if features is not None:
             self._queue(features, counts)
 
@@ -413,7 +432,7 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
         if self.suffix_cache is None:
             return
         for row, start in enumerate(self.prompt_start):
-            self.suffix_cache.add(self.sequences[row, start : self.width + self._length(row)].tolist())
+            self.suffix_cache.add(self.sequences[row, start : self.width + self.ends.length(row)].tolist())
         history = store_history(self.suffix_cache)
         if history is not None:
             history.update(self.policy.cache_history())
@@ -421,9 +440,8 @@ class DominoBatchDecoder(TreeSteps, RowEnds):
     def _drop_finished(self):
         """Rows whose output is final leave the batch: their cache rows, pending context and anchors."""
         if self.max_time and any(bool(torch.as_tensor(c(self.sequences, None)).all()) for c in self.max_time):
-            for row in self.rows.tolist():
-                self.final[row] = self.generated[row]
-        keep = [i for i, row in enumerate(self.rows.tolist()) if self.final[row] is None]
+            self.ends.stop(self.rows.tolist())
+        keep = [i for i, row in enumerate(self.rows.tolist()) if self.ends.final[row] is None]
         if len(keep) == len(self.rows):
             return
         index = torch.tensor(keep, dtype=torch.long, device=self.rows.device)

@@ -29,8 +29,6 @@ from typing import NamedTuple
 import torch
 
 from .acceptance_domino import accept_tree
-from .ragged_domino import verify_mask
-from .target_domino import context_features
 
 
 class DraftTree(NamedTuple):
@@ -153,29 +151,56 @@ class TreeShape(NamedTuple):
     top_k: int = 4
 
 
+class TreeStep(NamedTuple):
+    """What one tree step verified and kept: the target's forward `out`, the accepted `path` (node indices), the
+    row's new tokens (the path and the bonus), the verify slots `kept` (the anchor and the path), the nodes verified
+    (`count`), the deepest node's depth, whether the draft ran, the step's source and its lap timer."""
+
+    out: object
+    path: list
+    new: list
+    kept: torch.Tensor
+    count: int
+    depth: int
+    drafted: bool
+    source: str
+    lap: object
+
+
 class TreeSteps:
     """The draft-tree step of the batched verify loop (`DominoBatchDecoder`, one row): build the tree, add the
     row's best span as a branch, keep the nodes that pay, verify them in one forward, keep the accepted path. While
     a span is being copied, or spans like it lately expect over a token more than the draft's accepted depth, the
-    span goes out alone without running the draft (`SourceChooser.span_first`, as the chain decides)."""
+    span goes out alone without running the draft (`SourceChooser.span_first`, as the chain decides).
 
-    def _tree_step(self):
-        lap = self._clock()
-        row = int(self.rows[0])
-        self.anchors = self.sequences[self.rows, self.width + self.generated[row] - 1]  # (1,)
-        room = min(self.budget - self.generated[row] - 1, self.caps[row])  # draft tokens that can still be verified
-        self.policy.begin_step([row])
-        span = self._find_spans(torch.tensor([room]))[0]
-        policy, tree = self.policy, DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3),
-                                              torch.zeros(0))
+    Args:
+        proposer ([`DominoProposer`]): builds the draft's tree.
+        shape ([`TreeShape`]): how wide trees grow.
+        n_draft (`int`): the draft's block (0: spans only).
+        do_sample (`bool`): sampled acceptance (recursive rejection) instead of the greedy walk.
+        process (`callable` or `None`): the target's processors on (1, V) logits after the sequence and extra ids
+            ((1, k) or None); None without processors.
+        row_free (`bool`): the processors read no ids (one call for every node).
+    """
+
+    def __init__(self, proposer, shape: TreeShape, n_draft: int, do_sample: bool, process=None, row_free=True):
+        self.proposer, self.shape, self.n_draft, self.do_sample = proposer, shape, n_draft, do_sample
+        self.process, self.row_free = process, row_free
+
+    def step(self, row: int, anchors, room: int, span, policy, backbone, verify, clock, lap) -> TreeStep:
+        """One step of row `row` from its anchor (`anchors` (1,)) with `room` draft tokens left and its best `span`
+        (or None): `backbone(room)` gives the draft's slot states and base logits, `verify(step_ids, block)` runs
+        the target's forward over the anchor and the tree, `policy` ([`BatchPolicy`]) decides and learns; `lap`
+        times the phases, `clock()` starts a new lap timer (the draft's phases are laps of their own)."""
+        tree = DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3), torch.zeros(0))
         span_only = span is not None and policy.span_first(row, span)  # a copy under way, or spans beat the draft
         drafted = room > 0 and self.n_draft > 0 and not span_only and policy.should_draft()
         raw = None
         if drafted:
             began = time.perf_counter()
-            slots, base = self._backbone(room)
-            lap = self._clock()
-            raw = self.proposer.tree(slots[0], base[0], self.anchors, self.tree.width, self.tree.top_k)
+            slots, base = backbone(room)
+            lap = clock()
+            raw = self.proposer.tree(slots[0], base[0], anchors, self.shape.width, self.shape.top_k)
             if policy.threshold > 0:  # `draft_confidence_threshold`: the nodes whose path probability reaches it
                 raw = prefix(raw, int((raw.probs >= policy.threshold).sum()))
             tree = scale(raw, policy.calibration())
@@ -185,22 +210,13 @@ class TreeSteps:
             tree = add_chain(tree, *policy.span_branch(row, span))
         count = tree_budget(tree, policy.seconds, room) if tree.size else 0
         tree = prefix(tree, count)
-        block = (tree_mask(tree), tree_positions(tree))
-        step_ids = torch.cat([self.anchors, tree.tokens.to(self.anchors)])[None]  # (1, 1 + N)
-        states = self.cache.states
-        states.plan(1 + count)
+        step_ids = torch.cat([anchors, tree.tokens.to(anchors)])[None]  # (1, 1 + N)
         began = time.perf_counter()
-        out = self._forward(step_ids, verify_mask(states, 1 + count, block=block), 1 + count, keep=1 + count,
-                            block=block)
-        processed = self._tree_logits(out.logits[0].float(), tree)  # (1 + N, V) after the anchor and each node
+        out = verify(step_ids, (tree_mask(tree), tree_positions(tree)))
+        processed = self._target_logits(out.logits[0].float(), tree)  # (1 + N, V) after the anchor and each node
         path, bonus = accept_tree(tree.tokens, tree.parents, processed, self.do_sample)
         policy.observe_verify(1 + count, time.perf_counter() - began)
         lap("verify")
-        if count:
-            self._schedule([row], [int(tree.depths.max())], [len(path)])
-        kept = torch.tensor([0] + [node + 1 for node in path])  # verify slots of the anchor and the accepted path
-        states.compact(kept[1:])
-        states.advance(torch.tensor([len(kept)]))
         new = tree.tokens[path].tolist() + [bonus]
         predicted = depth = None
         if raw is not None and count:  # the draft's own path probabilities against the draft nodes accepted
@@ -209,22 +225,19 @@ class TreeSteps:
             depth = sum(keys[node] in own for node in path)  # accepted nodes the draft's own tree holds
             predicted = sum(own.get(key, 0.0) for key in keys if len(key) <= room)
         policy.record_tree_step(row, span, new, predicted, depth)
-        features = context_features(out.hidden_states, self.layer_ids)[:, kept.to(out.logits.device)]
-        before = self.generated[row]
-        self._append([new], torch.tensor([len(kept)]), features)
+        kept = torch.tensor([0] + [node + 1 for node in path])  # verify slots of the anchor and the accepted path
         source = "domino" if drafted else (span.source if span is not None and count else "none")
-        for record in (self.stats, self.stats.per_row[row]):  # the accepted depth the row kept (its end may cut it)
-            record.record(count, self.generated[row] - before - 1, source, drafted)
-        self._lap = lap
+        deepest = int(tree.depths.max()) if count else 0
+        return TreeStep(out, path, new, kept, count, deepest, drafted, source, lap)
 
-    def _tree_logits(self, logits, tree: DraftTree) -> torch.Tensor:
+    def _target_logits(self, logits, tree: DraftTree) -> torch.Tensor:
         """(1 + N, V) the target's logits after the anchor and after each node, its processors (and warpers, when
         sampling) applied with the node's own path as the sequence."""
-        if not self.processors:
+        if self.process is None:
             return logits
         if self.row_free:
-            return self._process(logits, None)
-        rows = [self._process(logits[:1], None)]  # after the anchor: the sequence as it is
+            return self.process(logits, None)
+        rows = [self.process(logits[:1], None)]  # after the anchor: the sequence as it is
         for node, path in enumerate(path_keys(tree)):
-            rows.append(self._process(logits[node + 1 : node + 2], torch.tensor([path], dtype=torch.long)))
+            rows.append(self.process(logits[node + 1 : node + 2], torch.tensor([path], dtype=torch.long)))
         return torch.cat(rows)

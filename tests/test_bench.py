@@ -645,11 +645,11 @@ def test_domino_tree_method_verifies_trees_losslessly(bench_models, monkeypatch,
     assert "domino_tree" not in pipeline.choose_methods(None, None)  # asked for by name only
     tree_steps = importlib.import_module(type(draft).__module__.rsplit(".", 1)[0] + ".tree_domino").TreeSteps
     calls = []
-    step = tree_steps._tree_step
+    step = tree_steps.step
 
-    def counted(self):
+    def counted(self, *args, **kwargs):
         calls.append(runner_method[0])
-        return step(self)
+        return step(self, *args, **kwargs)
 
     runner_method = [None]
     run_once = runner.run_once
@@ -658,7 +658,7 @@ def test_domino_tree_method_verifies_trees_losslessly(bench_models, monkeypatch,
         runner_method[0] = method.name
         return run_once(target, method, *args, **kwargs)
 
-    monkeypatch.setattr(tree_steps, "_tree_step", counted)
+    monkeypatch.setattr(tree_steps, "step", counted)
     monkeypatch.setattr(runner, "run_once", run_once_named)
     config = BenchConfig(methods=tuple(methods), max_new_tokens=12, warmup=0, progress=False)
     with caplog.at_level(logging.WARNING):
