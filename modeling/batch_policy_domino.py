@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from .hybrid_domino import SourceChooser, VerifyCost
+from .hybrid_domino import DraftBackoff, SourceChooser, VerifyCost
 
 
 class VerifyCostStore:
@@ -59,28 +59,6 @@ class VerifyCostStore:
 VERIFY_COSTS = VerifyCostStore()  # the process's store
 
 
-class BatchBackoff:
-    """Whether to run the draft this step: while drafted steps predicted fewer tokens per second than steps without
-    the draft (plain, or spans only; the draft's time included), skip it, probing after 1, 2, 4 … (at most
-    `max_skip`) steps. Decided from past steps only."""
-
-    def __init__(self, max_skip: int = 16):
-        self.max_skip, self.skip, self.left = max_skip, 0, 0
-
-    def should_draft(self) -> bool:
-        if self.left > 0:
-            self.left -= 1
-            return False
-        return True
-
-    def update(self, pays: bool) -> None:
-        if pays:
-            self.skip = self.left = 0
-        else:
-            self.skip = min(max(1, 2 * self.skip), self.max_skip)
-            self.left = self.skip
-
-
 class BatchProposal(NamedTuple):
     """What each live row proposes this step.
 
@@ -111,7 +89,8 @@ class BatchPolicy:
         batch (`int`): rows in the call (each keeps its own span history).
         max_span (`int`): the longest span any source proposes.
         cost ([`VerifyCost`]): the measured cost of a forward, by tokens in it (rows × q).
-        backoff (`bool`): skip the draft while it does not pay (`BatchBackoff`).
+        backoff (`bool`): skip the draft while it does not pay (`DraftBackoff`, fed the expected tokens per second
+            a drafted step gains over the same step without the draft: paused at the first loss).
         history (`dict`, *optional*): the suffix cache's span history to start from (`store_history`).
         threshold (`float`, defaults to 0.0): `draft_confidence_threshold`: a row's block stops before the slot
             where the draft's chain probability falls below it.
@@ -124,7 +103,7 @@ class BatchPolicy:
         self.cost, self.threshold = cost, threshold
         self.choosers = [SourceChooser(max(max_span, 1), cost, cut_spans=cut_spans, history=history)
                          for _ in range(batch)]
-        self.backoff = BatchBackoff() if backoff else None
+        self.backoff = DraftBackoff(min_gain=0.0, alpha=1.0, max_skip=16) if backoff else None
         self.realised = self.predicted = 1.0  # the draft's calibration: accepted ÷ expected tokens (pseudo-counts)
         self.draft_seconds: float | None = None
         self.rows: list[int] = []  # live row -> original row, set by the loop each step (`begin_step`)
@@ -183,9 +162,10 @@ class BatchPolicy:
         return {bucket: [sum(h) / len(h) for h in zip(*(row[bucket] for row in rows))] for bucket in rows[0]}
 
     def seconds(self, tokens: int) -> float:
-        """A forward over `tokens` tokens: fitted to the timings so far, else the prior curve."""
+        """A forward over `tokens` tokens, in seconds: fitted to the timings so far, else the prior curve in seconds
+        (`VerifyCost.prior_seconds`)."""
         measured = self.cost.seconds(tokens)
-        return measured if measured is not None else self.cost.prior(tokens)
+        return measured if measured is not None else self.cost.prior_seconds(tokens)
 
     def span_tokens(self, row: int, span) -> list[int]:
         """The tokens of `span` a row sends: all of them, or with `cut_lookup_spans` a context span's prefix worth
@@ -252,10 +232,10 @@ class BatchPolicy:
         if drafted and self.backoff is not None:  # would the step have done as well without running the draft?
             spans_only = proposal.expected.clone()
             spans_only[[i for i, s in enumerate(proposal.sources) if s == "domino"]] = 0.0
-            timed = self.draft_seconds is not None and self.cost.seconds(1) is not None  # both in seconds
+            timed = self.draft_seconds is not None and self.cost.seconds(1) is not None  # both measured
             draft_time = self.draft_seconds if timed else 0.15 * self.seconds(b)
             with_draft = float(value.max()) * self.seconds(b * q) / (self.seconds(b * q) + draft_time)
-            self.backoff.update(with_draft >= float(self._values(spans_only, proposal.room).max()))
+            self.backoff.update(with_draft - float(self._values(spans_only, proposal.room).max()))
         return q
 
     def _values(self, expected, room) -> torch.Tensor:
