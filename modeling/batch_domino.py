@@ -36,9 +36,10 @@ from transformers.generation.stopping_criteria import (
 )
 
 from .acceptance_domino import accept_chain
-from .batch_policy_domino import VERIFY_COSTS, BatchPolicy
+from .batch_policy_domino import BatchPolicy
+from .cost_domino import VERIFY_COSTS, VerifyCost
 from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
-from .hybrid_domino import VerifyCost, store_history
+from .hybrid_domino import store_history
 from .proposer_domino import DominoProposer, span_sources
 from .ragged_domino import (
     RaggedCache,

@@ -22,11 +22,11 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.logits_process import LogitsProcessorList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
+from .cost_domino import VerifyCost
 from .hybrid_domino import (
     DraftBackoff,
     SourceChooser,
     Span,
-    VerifyCost,
     _Step,
     expected_accepted,
     shadow_accepted,

@@ -129,7 +129,7 @@ def test_never_right_rows_beside_always_right(fitted, flat_cost):
 def test_verify_cost_is_kept_across_calls(fitted, monkeypatch):
     """The measured verify cost outlives the call: the next call at a similar context length starts from it (not
     from the fixed prior), a much longer context from a curve of its own."""
-    from domino_hf.modeling.batch_policy_domino import VERIFY_COSTS
+    from domino_hf.modeling.cost_domino import VERIFY_COSTS
 
     target, draft, prompts = fitted("qwen3")
     seen = []

@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from test_generation import _letter_tokenizer
 
 from domino_hf import SuffixCache, exact_kernels, optimize_for_cpu
-from domino_hf.modeling import batch_domino, batch_policy_domino, generation_domino, tree_domino
+from domino_hf.modeling import batch_domino, cost_domino, generation_domino, tree_domino
 
 pytestmark = [pytest.mark.usefixtures("single_thread"),
               pytest.mark.filterwarnings("ignore:Unfeasible length constraints")]  # min_new_tokens past the limit
@@ -124,7 +124,7 @@ def drafting_clock(seed: int):
     with contextlib.ExitStack() as stack:
         for module in (batch_domino, generation_domino, tree_domino):
             stack.enter_context(mock.patch.object(module, "time", clock))
-        batch_policy_domino.VERIFY_COSTS.clear()
+        cost_domino.VERIFY_COSTS.clear()
         yield
 
 

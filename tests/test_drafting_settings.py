@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 
 import domino_hf.modeling as modeling
 from domino_hf import DominoConfigError, DominoDraftModel
-from domino_hf.modeling import DraftingSettings, batch_domino, batch_policy_domino, generation_domino, tree_domino
+from domino_hf.modeling import DraftingSettings, batch_domino, cost_domino, generation_domino, tree_domino
 from domino_hf.modeling.configuration_domino import DRAFTING_FIELDS, DominoConfig
 from domino_hf.modeling.dispatch_domino import make_candidate_generator, profile_drafting, resolve_drafting_settings
 
@@ -98,7 +98,7 @@ def test_old_and_new_layouts_draft_identically(tmp_path, fitted_pair, steady_clo
         runs = {}
         for name, loaded in drafts.items():
             # each call from the prior: the verify loop keeps measured costs across calls (`VERIFY_COSTS`)
-            batch_policy_domino.VERIFY_COSTS.clear()
+            cost_domino.VERIFY_COSTS.clear()
             output = target.generate(ids, do_sample=False, max_new_tokens=24, assistant_model=loaded)
             assert output.tolist() == reference.tolist(), name
             stats = loaded.last_generation_stats

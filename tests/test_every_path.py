@@ -20,7 +20,8 @@ from conftest import fit_tiny_draft, isolated_python_prelude, make_tiny_draft, m
 
 from domino_hf.modeling import tree_domino
 from domino_hf.modeling.batch_policy_domino import BatchPolicy
-from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
+from domino_hf.modeling.cost_domino import VerifyCost
+from domino_hf.modeling.hybrid_domino import SourceChooser
 from domino_hf.modeling.proposer_domino import DominoProposer
 
 pytestmark = pytest.mark.usefixtures("single_thread")

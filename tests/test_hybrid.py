@@ -138,7 +138,7 @@ def test_backoff_schedule():
 def test_backoff_bar_follows_the_measured_verify_cost():
     """Where verifying 5 tokens measures 1.6× a plain step, a draft averaging 0.4 accepted tokens no longer
     pays and is paused; with the (unmeasured) prior cost the bar stays `min_gain`."""
-    from domino_hf.modeling.hybrid_domino import VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
 
     prior = DraftBackoff(cost=VerifyCost(), proposed=5)
     assert prior.bar == prior.min_gain == 0.25
@@ -242,7 +242,8 @@ def _span(tokens, ngram=1):
 
 
 def test_source_chooser_learns_from_acceptance():
-    from domino_hf.modeling.hybrid_domino import SPAN_START_RATES, SourceChooser, VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
+    from domino_hf.modeling.hybrid_domino import SPAN_START_RATES, SourceChooser
 
     chooser = SourceChooser(max_span=4, cost=VerifyCost(step=0.0, per_token=0.0))  # tokens alone decide
     span = _span([1, 2, 3, 4])  # found by a 1-gram match
@@ -279,7 +280,8 @@ def test_spans_are_judged_by_the_length_of_their_match():
 
 
 def test_the_choice_weighs_verify_cost():
-    from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
+    from domino_hf.modeling.hybrid_domino import SourceChooser
 
     cost = VerifyCost(step=0.08, per_token=0.025)
     assert cost(1) == 1.0 and cost(5) == pytest.approx(1.18) and cost(11) == pytest.approx(1.33)
@@ -292,7 +294,7 @@ def test_the_choice_weighs_verify_cost():
 
 def test_verify_cost_is_refitted_to_the_measured_forwards():
     """The fixed curve is one machine's; measured forwards (a steeper CPU here) take over, and stalls are clipped."""
-    from domino_hf.modeling.hybrid_domino import VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
 
     fixed = VerifyCost(step=0.08, per_token=0.025)
     fixed.observe(11, 0.5)
@@ -322,7 +324,7 @@ def test_verify_cost_keeps_the_steps_a_line_misses():
     """A GEMM library that switches algorithm at 4 rows (an AMX Xeon: 3 tokens 1.12×, 4 tokens 1.43× a plain step):
     each measured length follows its own forwards, unmeasured ones the line, and a length's own average fades
     when it stops being measured only as fast as the line's old points do."""
-    from domino_hf.modeling.hybrid_domino import VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
 
     curve = {1: 0.048, 2: 0.052, 3: 0.054, 4: 0.068, 5: 0.070, 9: 0.080}
     cost = VerifyCost(measure=True)
@@ -341,7 +343,7 @@ def test_verify_cost_keeps_the_steps_a_line_misses():
 
 def test_measured_verify_cost_times_every_step_and_stays_lossless(fitted_pair, monkeypatch):
     """`measure_verify_cost`: each verify forward is timed (k = tokens proposed + 1); output unchanged."""
-    from domino_hf.modeling.hybrid_domino import VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
 
     target, draft, _ = fitted_pair("qwen3", vocab_size=32)
     seen = []
@@ -370,7 +372,8 @@ def test_cut_spans_stay_lossless_and_never_longer(fitted_pair):
 
 
 def test_span_cut_keeps_the_prefix_worth_its_verify():
-    from domino_hf.modeling.hybrid_domino import SourceChooser, VerifyCost
+    from domino_hf.modeling.cost_domino import VerifyCost
+    from domino_hf.modeling.hybrid_domino import SourceChooser
 
     chooser = SourceChooser(max_span=10, cost=VerifyCost(step=0.08, per_token=0.06))
     weak = _span(range(10), ngram=1)

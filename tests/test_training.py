@@ -215,9 +215,10 @@ def test_export_loads_in_a_clean_process_and_generates_losslessly(target, tmp_pa
     out = export_draft(tmp_path / "run", tmp_path / "export", dtype="float16")
     files = sorted(p.name for p in out.iterdir())
     assert files == ["README.md", "acceptance_domino.py", "batch_domino.py", "batch_policy_domino.py", "config.json",
-                     "configuration_domino.py", "dispatch_domino.py", "generation_config.json", "generation_domino.py",
-                     "hybrid_domino.py", "model.safetensors", "modeling_domino.py", "proposer_domino.py",
-                     "ragged_domino.py", "stops_domino.py", "suffix_domino.py", "target_domino.py", "tree_domino.py"]
+                     "configuration_domino.py", "cost_domino.py", "dispatch_domino.py", "generation_config.json",
+                     "generation_domino.py", "hybrid_domino.py", "model.safetensors", "modeling_domino.py",
+                     "proposer_domino.py", "ragged_domino.py", "stops_domino.py", "suffix_domino.py",
+                     "target_domino.py", "tree_domino.py"]
     card = (out / "README.md").read_text()
     assert "trust_remote_code=True" in card and "base_loss" not in card.split("## Training")[0]
     assert "AutoModel" in json.loads((out / "config.json").read_text())["auto_map"]

@@ -15,48 +15,12 @@ seeded call repeats itself): never from a token drawn for the step, so sampling 
 
 from __future__ import annotations
 
-import weakref
 from typing import NamedTuple
 
 import torch
 
-from .hybrid_domino import DraftBackoff, SourceChooser, VerifyCost
-
-
-class VerifyCostStore:
-    """The measured verify costs that outlive a call: one measuring `VerifyCost` per target, device and context
-    bucket (under 512 tokens, under 1,024, under 2,048, …), so a greedy call starts from the curve earlier calls
-    measured on this machine instead of the fixed prior (a short call never measures enough to learn it) and a long
-    prompt from the costs of long prompts. Its moving averages follow the machine as it goes.
-
-    Only greedy calls read it (their output cannot depend on timings): a sampling call never does, so a seeded call
-    never depends on an earlier one. `enabled = False` starts every call from the prior; `clear()` forgets what
-    was measured. The verify loop uses the process's store, `VERIFY_COSTS`, unless given another.
-
-    Args:
-        enabled (`bool`, defaults to `True`): keep measured costs across calls.
-    """
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # target -> {(device, bucket): cost}
-
-    def cost(self, target, context: int) -> VerifyCost:
-        """The measuring verify cost of `target` for a call whose prompts reach `context` tokens (a fresh one, the
-        prior, when the store is off)."""
-        if not self.enabled:
-            return VerifyCost.for_device(target.device, measure=True)
-        costs = self._costs.setdefault(target, {})
-        key = (str(target.device), (max(int(context), 0) // 512).bit_length())
-        if key not in costs:
-            costs[key] = VerifyCost.for_device(target.device, measure=True)
-        return costs[key]
-
-    def clear(self) -> None:
-        self._costs = weakref.WeakKeyDictionary()
-
-
-VERIFY_COSTS = VerifyCostStore()  # the process's store
+from .cost_domino import VerifyCost
+from .hybrid_domino import DraftBackoff, SourceChooser
 
 
 class BatchProposal(NamedTuple):

@@ -54,6 +54,7 @@ REMOTE_CODE_FILES = (
     "tree_domino.py",
     "acceptance_domino.py",
     "proposer_domino.py",
+    "cost_domino.py",
 )
 
 
