@@ -9,8 +9,8 @@ kernel sets, contexts and lengths are timed interleaved (every repeat runs each 
 shared machine hits all alike. Kernel sets:
 
 * `stock`: transformers as installed (`nn.Linear` → MKL sgemm in fp32, "sdpa" attention, `DynamicCache`);
-* `optimized`: `domino_hf.optimize_for_cpu` as it runs by default: for a bf16 target the length-invariant kernels
-  where this CPU has them, else the `fastest` set;
+* `optimized`: `domino_hf.optimize_for_cpu` as it runs by default: the length-invariant kernels where this CPU has
+  them for the target's dtype, else the `fastest` set;
 * `invariant`: `optimize_for_cpu(kernels="invariant")`: linear layers and attention whose every output is computed
   in one fixed order, `GrowingCache`;
 * `fastest`: `optimize_for_cpu(kernels="fastest")` (each linear layer, at each forward length, on the fastest of

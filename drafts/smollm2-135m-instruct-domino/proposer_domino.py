@@ -13,8 +13,8 @@ Remote-code file (torch + transformers only). It owns the drafting pipeline, ove
     context and suffix-cache spans, cut at the row's room and at a stop criterion         (`find_spans`)
     a span's q: one-hot (the span is fixed given the context)                            (`span_proposal`)
 
-A `Proposal` is what a loop verifies: token ids, the draft's processed logits they were drawn from (q, when
-sampling), each token's draft probability, the layout (a chain per row, or a `DraftTree`) and the source. The
+A `Proposal` is what a loop verifies as a chain per row: token ids, the draft's processed logits they were drawn
+from (q, when sampling), each token's draft probability and the source (a tree is a `DraftTree`). The
 proposer holds no per-call state besides the call's processors, criteria and span sources; each loop keeps its own
 caches and passes their inputs in. Nothing here reads the target's answer: every choice is made from the draft's
 distributions, so speculative sampling stays exact.
@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -38,19 +37,17 @@ class Proposal:
     """What a loop sends to the target's verify.
 
     Args:
-        ids (`torch.LongTensor` of shape `(b, k)`): target ids per row (a chain), or `(1, N)` a tree's nodes.
+        ids (`torch.LongTensor` of shape `(b, k)`): target ids per row.
         logits (`torch.Tensor` of shape `(b, k, V)`, *optional*): the processed logits each token was drawn from
             (the draft's q); one-hot for a span; None where nothing needs them (greedy).
         probs (`torch.Tensor` of shape `(b, k)`, *optional*): the draft's probability of each token, when scored.
-        source (`str`): `"domino"` (the draft's block or tree), `"lookup"` or `"cache"` (a span).
-        layout ([`DraftTree`], *optional*): a tree's parents and depths; None for a chain per row.
+        source (`str`): `"domino"` (the draft's block), `"lookup"` or `"cache"` (a span).
     """
 
     ids: torch.Tensor
     logits: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     source: str = "domino"
-    layout: Any = None
 
     def __iter__(self):  # unpacks as (ids, logits, probs)
         return iter((self.ids, self.logits, self.probs))
