@@ -21,6 +21,7 @@ import torch
 
 from .cost_domino import VerifyCost
 from .hybrid_domino import DraftBackoff, SourceChooser
+from .tree_domino import tree_budget, tree_values
 
 
 class BatchProposal(NamedTuple):
@@ -196,11 +197,29 @@ class BatchPolicy:
         if drafted and self.backoff is not None:  # would the step have done as well without running the draft?
             spans_only = proposal.expected.clone()
             spans_only[[i for i, s in enumerate(proposal.sources) if s == "domino"]] = 0.0
-            timed = self.draft_seconds is not None and self.cost.seconds(1) is not None  # both measured
-            draft_time = self.draft_seconds if timed else 0.15 * self.seconds(b)
-            with_draft = float(value.max()) * self.seconds(b * q) / (self.seconds(b * q) + draft_time)
-            self.backoff.update(with_draft - float(self._values(spans_only, proposal.room).max()))
+            self._judge_draft(float(value.max()), b, b * q, float(self._values(spans_only, proposal.room).max()))
         return q
+
+    def tree_budget(self, tree, room: int, alone=None) -> int:
+        """How many of a draft tree's nodes to verify (`tree_domino.tree_budget` under this policy's costs). When
+        the draft ran, `alone` is the tree the step would have verified without it (the span's branch, or no
+        node): the back-off weighs the two, as `choose_length` does for a chain."""
+        if not tree.size:
+            return 0
+        count = tree_budget(tree, self.seconds, room)
+        if alone is not None and self.backoff is not None:
+            without = max(tree_values(alone, self.seconds, room))
+            self._judge_draft(tree_values(tree, self.seconds, room)[count], 1, 1 + count, without)
+        return count
+
+    def _judge_draft(self, value: float, rows: int, tokens: int, without: float) -> None:
+        """The back-off's one rule: a drafted step's expected tokens per second (`value`, a verify forward over
+        `tokens` tokens of `rows` rows), with the draft's own time added, against the best the same step gets
+        without the draft (`without`)."""
+        timed = self.draft_seconds is not None and self.cost.seconds(1) is not None  # both measured
+        draft_time = self.draft_seconds if timed else 0.15 * self.seconds(rows)
+        with_draft = value * self.seconds(tokens) / (self.seconds(tokens) + draft_time)
+        self.backoff.update(with_draft - without)
 
     def _values(self, expected, room) -> torch.Tensor:
         """(W + 1,) expected batch tokens per second when each row verifies up to k = 0 … W of its tokens."""

@@ -59,6 +59,11 @@ def reindexed(tokens, parents, depths, probs, order) -> DraftTree:
     )
 
 
+def empty_tree() -> DraftTree:
+    """A tree of no nodes (the anchor alone)."""
+    return DraftTree(*(torch.zeros(0, dtype=torch.long) for _ in range(3)), torch.zeros(0))
+
+
 def scale(tree: DraftTree, factor: float) -> DraftTree:
     """The tree with every node's probability times `factor` (the draft's calibration), capped at 1."""
     return tree._replace(probs=(tree.probs * factor).clamp(max=1.0))
@@ -110,12 +115,18 @@ def prefix(tree: DraftTree, count: int) -> DraftTree:
     return reindexed(tokens, parents, depths, probs, kept)
 
 
-def tree_budget(tree: DraftTree, seconds, room: int) -> int:
-    """How many of the tree's nodes (most probable first) to verify: the most expected tokens (accepted + bonus)
-    per second of a forward over 1 + count tokens (`seconds(tokens)`); nodes deeper than `room` are not counted."""
+def tree_values(tree: DraftTree, seconds, room: int) -> list[float]:
+    """Expected tokens (accepted + bonus) per second of verifying the tree's 0 … N most probable nodes, a forward
+    over 1 + count tokens taking `seconds(tokens)`; nodes deeper than `room` are not counted."""
     usable = (tree.depths <= room).float() * tree.probs
     expected = torch.cat([torch.zeros(1), usable.cumsum(dim=0)])  # (N + 1,) for 0 … N nodes
-    value = [(1.0 + float(expected[count])) / seconds(1 + count) for count in range(len(expected))]
+    return [(1.0 + float(expected[count])) / seconds(1 + count) for count in range(len(expected))]
+
+
+def tree_budget(tree: DraftTree, seconds, room: int) -> int:
+    """How many of the tree's nodes (most probable first) to verify: the most expected tokens per second
+    (`tree_values`), the fewest nodes on a tie."""
+    value = tree_values(tree, seconds, room)
     return max(range(len(value)), key=lambda count: (value[count], -count))
 
 
@@ -192,7 +203,7 @@ class TreeSteps:
         (or None): `backbone(room)` gives the draft's slot states and base logits, `verify(step_ids, block)` runs
         the target's forward over the anchor and the tree, `policy` ([`BatchPolicy`]) decides and learns; `lap`
         times the phases, `clock()` starts a new lap timer (the draft's phases are laps of their own)."""
-        tree = DraftTree(*(torch.zeros(0, dtype=dtype) for dtype in (torch.long,) * 3), torch.zeros(0))
+        tree = empty_tree()
         span_only = span is not None and policy.span_first(row, span)  # a copy under way, or spans beat the draft
         drafted = room > 0 and self.n_draft > 0 and not span_only and policy.should_draft()
         raw = None
@@ -206,9 +217,11 @@ class TreeSteps:
             tree = scale(raw, policy.calibration())
             policy.observe_draft(time.perf_counter() - began)
             lap("head_rollout")
+        alone = empty_tree()  # what the step verifies without the draft: the span's branch, or nothing
         if span is not None:
-            tree = add_chain(tree, *policy.span_branch(row, span))
-        count = tree_budget(tree, policy.seconds, room) if tree.size else 0
+            branch = policy.span_branch(row, span)
+            tree, alone = add_chain(tree, *branch), add_chain(alone, *branch)
+        count = policy.tree_budget(tree, room, alone if drafted else None)
         tree = prefix(tree, count)
         step_ids = torch.cat([anchors, tree.tokens.to(anchors)])[None]  # (1, 1 + N)
         began = time.perf_counter()

@@ -218,3 +218,103 @@ def test_per_row_is_always_present(pair, path):
     stats = draft.last_generation_stats
     assert len(stats.per_row) == len(inputs["input_ids"])
     assert sum(sum(row.accepted) for row in stats.per_row) == sum(stats.accepted)
+
+
+def found_spans(monkeypatch) -> list:
+    """Every span the proposer finds from here on, on any path (`DominoProposer.find_spans`)."""
+    found = []
+    find = DominoProposer.find_spans
+    monkeypatch.setattr(DominoProposer, "find_spans", lambda self, *a, **k: found.extend(spans := find(self, *a, **k))
+                        or spans)
+    return found
+
+
+def repeating_inputs(path: str) -> tuple[dict, dict]:
+    """A prompt whose context has spans every step, on one path."""
+    ids = REPEATING if path != "batch" else REPEATING.expand(2, -1)
+    return {"input_ids": ids}, ({"use_draft_tree": True} if path == "tree" else {})
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_context_lookup_settings_are_honoured(pair, path, monkeypatch):
+    """`context_lookup_tokens` (0: no context span; n: none longer than n) and `context_lookup_ngram` (no match
+    longer than it) on every path."""
+    target, draft, _ = pair
+    found = found_spans(monkeypatch)
+    inputs, extra = repeating_inputs(path)
+    by_setting = {}
+    for asked in ({}, {"context_lookup_tokens": 0}, {"context_lookup_tokens": 3}, {"context_lookup_ngram": 1}):
+        found.clear()
+        target.generate(**inputs, do_sample=False, max_new_tokens=12, assistant_model=draft, **asked, **extra)
+        by_setting[tuple(asked.items())] = [span for span in found if span.source == "lookup"]
+    default, off, short, unigram = by_setting.values()
+    assert max(len(span.tokens) for span in default) > 3 and max(span.ngram for span in default) > 1
+    assert off == []
+    assert short and max(len(span.tokens) for span in short) <= 3
+    assert unigram and {span.ngram for span in unigram} == {1}
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_suffix_cache_settings_are_honoured(pair, path, monkeypatch):
+    """`use_suffix_cache` (False: no cache span even with a store passed; True: spans from it) and
+    `suffix_cache_max_span` (no cache span longer) on every path."""
+    from domino_hf import SuffixCache
+
+    target, draft, _ = pair
+    found = found_spans(monkeypatch)
+    inputs, extra = repeating_inputs(path)
+    store = SuffixCache(max_tokens=4096)
+    store.add(REPEATING[0].tolist() * 3)
+    by_setting = {}
+    for asked in ({"use_suffix_cache": False}, {"use_suffix_cache": True},
+                  {"use_suffix_cache": True, "suffix_cache_max_span": 2}):
+        found.clear()
+        target.generate(**inputs, do_sample=False, max_new_tokens=12, assistant_model=draft, suffix_cache=store,
+                        context_lookup_tokens=0, **asked, **extra)
+        by_setting[tuple(asked.items())] = [span for span in found if span.source == "cache"]
+    off, on, short = by_setting.values()
+    assert off == [] and max(len(span.tokens) for span in on) > 2
+    assert short and max(len(span.tokens) for span in short) <= 2
+
+
+def proposal_depths(path: str, monkeypatch) -> list:
+    """The deepest proposed token of every step from here on: a chain's length, a tree step's deepest node."""
+    depths = []
+    if path == "tree":
+        step = tree_domino.TreeSteps.step
+        monkeypatch.setattr(tree_domino.TreeSteps, "step", lambda self, *a, **k:
+                            depths.append((done := step(self, *a, **k)).depth) or done)
+    return depths
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_max_draft_tokens_caps_every_proposal(pair, path, monkeypatch):
+    """`max_draft_tokens=2`: no step proposes past its second token, block or span, on every path."""
+    target, draft, _ = pair
+    depths = proposal_depths(path, monkeypatch)
+    inputs, extra = repeating_inputs(path)
+    deepest = []
+    for cap in (None, 2):
+        depths.clear()
+        target.generate(**inputs, do_sample=False, max_new_tokens=16, assistant_model=draft, max_draft_tokens=cap,
+                        **extra)
+        deepest.append(max(depths if path == "tree" else draft.last_generation_stats.drafted))
+    assert deepest[0] > 2 and deepest[1] == 2
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_draft_backoff_is_honoured(pair, path):
+    """A draft that never fits: with `draft_backoff` it is paused on some steps, with `draft_backoff=False` it runs
+    on every step that has room for a draft token (all but the last ones), on every path; the output is the
+    target's either way."""
+    target, _, prompts = pair
+    unfitted = make_tiny_draft(target, seed=3)
+    inputs, extra = path_inputs(path, prompts)
+    reference = target.generate(**inputs, do_sample=False, max_new_tokens=30)
+    runs = {}
+    for backoff in (True, False):
+        output = target.generate(**inputs, do_sample=False, max_new_tokens=30, assistant_model=unfitted,
+                                 draft_backoff=backoff, context_lookup_tokens=0, **extra)
+        assert output.tolist() == reference.tolist()
+        runs[backoff] = unfitted.last_generation_stats.draft_runs
+    assert sum(runs[True]) < sum(runs[False]) and all(runs[False][:-2])
