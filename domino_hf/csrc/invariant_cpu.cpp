@@ -379,6 +379,191 @@ AVX512 void attend_rows(int64_t R, const float* q /*[R][D] fp32, scaled*/, const
   }
 }
 
+// `attend_rows`' arithmetic, bitwise, for RB queries whose query and value vectors (QV and VV vectors of 16 lanes)
+// fit in registers together: RB × QV query vectors while scoring, RB × VV output accumulators while summing values.
+// Only the bookkeeping differs: the scores of each block of 16 keys are packed per query with one compress (the
+// visible keys in order, as `attend_rows`' list), and the value sum runs over the keys any of the queries sees with
+// each query's FMA masked off where it may not see the key (a masked FMA leaves its accumulator untouched). So each
+// query's sequence of additions is the one `attend_rows` performs.
+template <typename T, int RB, int QV, int VV>
+AVX512 void attend_group(const float* q /*[RB][D] fp32, scaled*/, const bool* const* allowed /*[RB]*/,
+                         const int64_t* limit /*[RB]*/, const T* k, int64_t k_stride, const T* v, int64_t v_stride,
+                         int64_t L, int64_t D, int64_t Dv, float* scores /*[RB][L + 32]*/, float* out /*[RB][Dv]*/) {
+  const int64_t ss = L + 32;
+  int64_t first[RB], last[RB], n[RB];
+  int64_t lo = L, reach = -1;  // the keys any of the queries sees lie in [lo, reach]
+  for (int r = 0; r < RB; ++r) {
+    first[r] = 0;
+    last[r] = allowed[r] ? -1 : std::min(limit[r], L - 1);
+    if (allowed[r]) {
+      for (int64_t j = L - 1; j >= 0; --j)
+        if (allowed[r][j]) { last[r] = j; break; }
+      while (first[r] < last[r] && !allowed[r][first[r]]) ++first[r];
+    }
+    n[r] = 0;
+    if (last[r] >= first[r]) {
+      lo = std::min(lo, first[r]);
+      reach = std::max(reach, last[r]);
+    }
+  }
+  __m512 qr[RB][QV];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < QV; ++c) qr[r][c] = _mm512_maskz_loadu_ps(lanes(D - c * 16), q + r * D + c * 16);
+  __m512 mxv[RB];
+  for (int r = 0; r < RB; ++r) mxv[r] = _mm512_set1_ps(-INFINITY);
+  alignas(64) __m512 acc[RB][16];
+  for (int64_t j0 = lo; j0 <= reach; j0 += 16) {
+    const int cnt = (int)std::min<int64_t>(16, reach - j0 + 1);
+    for (int t = 0; t < cnt; ++t) {
+      const T* key = k + (j0 + t) * k_stride;
+      __m512 kc[QV];
+      for (int c = 0; c < QV; ++c) kc[c] = load_row<T>(key + c * 16, lanes(D - c * 16));
+      for (int r = 0; r < RB; ++r) {
+        __m512 a = _mm512_setzero_ps();
+        for (int c = 0; c < QV; ++c) a = _mm512_fmadd_ps(qr[r][c], kc[c], a);
+        acc[r][t] = a;
+      }
+    }
+    for (int r = 0; r < RB; ++r)
+      for (int t = cnt; t < 16; ++t) acc[r][t] = _mm512_setzero_ps();
+    for (int r = 0; r < RB; ++r) {
+      if (j0 > last[r] || j0 + 15 < first[r]) continue;
+      const int64_t from = std::max<int64_t>(first[r] - j0, 0), to = std::min<int64_t>(last[r] - j0 + 1, cnt);
+      __mmask16 vis = (__mmask16)(((1u << to) - 1) & ~((1u << from) - 1));
+      if (allowed[r]) vis &= _mm_mask_test_epi8_mask(vis, _mm_maskz_loadu_epi8(vis, allowed[r] + j0), _mm_set1_epi8(1));
+      if (!vis) continue;
+      const __m512 s = hsum16(acc[r]);
+      mxv[r] = _mm512_mask_max_ps(mxv[r], vis, mxv[r], s);
+      const int taken = __builtin_popcount(vis);
+      _mm512_mask_storeu_ps(scores + r * ss + n[r], lanes(taken), _mm512_maskz_compress_ps(vis, s));
+      n[r] += taken;
+    }
+  }
+  float total[RB];
+  for (int r = 0; r < RB; ++r) {
+    float* sc = scores + r * ss;
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[r]));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n[r]; t += 16) {
+      const __mmask16 m = lanes(n[r] - t);
+      __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx)));
+      _mm512_mask_storeu_ps(sc + t, m, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    total[r] = hsum(sum);
+  }
+  __m512 o[RB][VV];
+  for (int r = 0; r < RB; ++r)
+    for (int c = 0; c < VV; ++c) o[r][c] = _mm512_setzero_ps();
+  bool gaps = false;  // does a query skip keys inside its own [first, last]?
+  for (int r = 0; r < RB && !gaps; ++r)
+    if (allowed[r] && last[r] >= first[r]) {
+      int64_t seen = 0;
+      for (int64_t j = first[r]; j <= last[r]; ++j) seen += allowed[r][j];
+      gaps = seen != last[r] - first[r] + 1;
+    }
+  if (!gaps) {
+    // every query sees a run of keys, its weights in key order: split [lo, reach] where any run starts or ends, so
+    // within a piece each query either adds every key (its weight at its own offset) or none
+    int64_t cut[2 * RB + 2];
+    int cuts = 0;
+    cut[cuts++] = lo;
+    cut[cuts++] = reach + 1;
+    for (int r = 0; r < RB; ++r)
+      if (last[r] >= first[r]) {
+        cut[cuts++] = first[r];
+        cut[cuts++] = last[r] + 1;
+      }
+    std::sort(cut, cut + cuts);
+    for (int piece = 0; piece + 1 < cuts; ++piece) {
+      const int64_t s0 = cut[piece], s1 = cut[piece + 1];
+      if (s0 >= s1 || s0 < lo || s1 > reach + 1) continue;
+      const float* w[RB];
+      __mmask16 m[RB];
+      for (int r = 0; r < RB; ++r) {
+        const bool in = first[r] <= s0 && s1 - 1 <= last[r];
+        m[r] = in ? (__mmask16)0xFFFF : (__mmask16)0;
+        w[r] = scores + r * ss + (in ? s0 - first[r] : 0);  // a query not in the piece reads its own row, unused
+      }
+      for (int64_t j = s0; j < s1; ++j) {
+        const T* value = v + j * v_stride;
+        __m512 vc[VV];
+        for (int c = 0; c < VV; ++c) vc[c] = load_row<T>(value + c * 16, lanes(Dv - c * 16));
+        for (int r = 0; r < RB; ++r) {
+          const __m512 p = _mm512_set1_ps(w[r][j - s0]);
+          for (int c = 0; c < VV; ++c) o[r][c] = _mm512_mask3_fmadd_ps(p, vc[c], o[r][c], m[r]);
+        }
+      }
+    }
+  } else {
+    int64_t next[RB];  // each query's next weight (an index into its packed scores; the slack past them is unused)
+    for (int r = 0; r < RB; ++r) next[r] = 0;
+    for (int64_t j = lo; j <= reach; ++j) {
+      const T* value = v + j * v_stride;
+      __m512 vc[VV];
+      for (int c = 0; c < VV; ++c) vc[c] = load_row<T>(value + c * 16, lanes(Dv - c * 16));
+      for (int r = 0; r < RB; ++r) {
+        const bool seen = j >= first[r] && j <= last[r] && (!allowed[r] || allowed[r][j]);
+        const __mmask16 m = (__mmask16)(-(int)seen);
+        const __m512 p = _mm512_set1_ps(scores[r * ss + next[r]]);
+        for (int c = 0; c < VV; ++c) o[r][c] = _mm512_mask3_fmadd_ps(p, vc[c], o[r][c], m);
+        next[r] += seen;
+      }
+    }
+  }
+  for (int r = 0; r < RB; ++r) {
+    float* res = out + r * Dv;
+    if (last[r] < first[r]) {  // a query that may see nothing (a padding row): zeros
+      std::fill(res, res + Dv, 0.0f);
+      continue;
+    }
+    const __m512 tv = _mm512_set1_ps(total[r]);
+    for (int c = 0; c < VV; ++c) _mm512_mask_storeu_ps(res + c * 16, lanes(Dv - c * 16), _mm512_div_ps(o[r][c], tv));
+  }
+}
+
+// R queries of one key/value head: groups of the register-blocked kernel where the head dims have one
+// (16, 32, 64, 128 or 256 lanes; query and value dims alike), else `attend_rows`. Which kernel runs depends only on
+// the model's head dims, never on the number of queries, and both perform the same arithmetic.
+template <typename T>
+void attend(int64_t R, const float* q, const bool* const* allowed, const int64_t* limit, const T* k, int64_t k_stride,
+            const T* v, int64_t v_stride, int64_t L, int64_t D, int64_t Dv, float* scores, int64_t* keys, float* out) {
+  const int64_t qv = (D + 15) / 16, vv = (Dv + 15) / 16;
+  const int most = qv != vv ? 0 : qv <= 4 ? 4 : qv == 8 ? 2 : qv == 16 ? 1 : 0;
+  if (most == 0 || qv == 3) {
+    attend_rows<T>(R, q, allowed, limit, k, k_stride, v, v_stride, L, D, Dv, scores, keys, out);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < R;) {
+    const int rb = (int)std::min<int64_t>(most, R - r0);
+    const float* qg = q + r0 * D;
+    const bool* const* ag = allowed + r0;
+    const int64_t* lg = limit + r0;
+    float* og = out + r0 * Dv;
+#define DOMINO_GROUP(RB_, QV_) \
+  attend_group<T, RB_, QV_, QV_>(qg, ag, lg, k, k_stride, v, v_stride, L, D, Dv, scores, og)
+    switch (qv * 8 + rb) {
+      case 1 * 8 + 1: DOMINO_GROUP(1, 1); break;
+      case 1 * 8 + 2: DOMINO_GROUP(2, 1); break;
+      case 1 * 8 + 3: DOMINO_GROUP(3, 1); break;
+      case 1 * 8 + 4: DOMINO_GROUP(4, 1); break;
+      case 2 * 8 + 1: DOMINO_GROUP(1, 2); break;
+      case 2 * 8 + 2: DOMINO_GROUP(2, 2); break;
+      case 2 * 8 + 3: DOMINO_GROUP(3, 2); break;
+      case 2 * 8 + 4: DOMINO_GROUP(4, 2); break;
+      case 4 * 8 + 1: DOMINO_GROUP(1, 4); break;
+      case 4 * 8 + 2: DOMINO_GROUP(2, 4); break;
+      case 4 * 8 + 3: DOMINO_GROUP(3, 4); break;
+      case 4 * 8 + 4: DOMINO_GROUP(4, 4); break;
+      case 8 * 8 + 1: DOMINO_GROUP(1, 8); break;
+      case 8 * 8 + 2: DOMINO_GROUP(2, 8); break;
+      default: DOMINO_GROUP(1, 16); break;
+    }
+#undef DOMINO_GROUP
+    r0 += rb;
+  }
+}
+
 template <typename T>
 void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, const bool* mask,
                     int64_t mask_b_stride, int64_t mask_q_stride, float scale, torch::Tensor& out) {
@@ -393,7 +578,7 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
   // a task: up to ROWS of the groups × Q queries that read one key/value head of one batch row, together
   // (`attend_rows`: they share each key's loads; each query's arithmetic is its own)
   at::parallel_for(0, B * KVH * chunks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(ROWS * (L + 16)), qf(ROWS * D), of(ROWS * Dv);
+    std::vector<float> scores(ROWS * (L + 32)), qf(ROWS * D), of(ROWS * Dv);
     std::vector<int64_t> keys(ROWS * L);
     const bool* allowed[ROWS];
     int64_t limit[ROWS], head[ROWS], pos[ROWS];
@@ -415,7 +600,7 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
         allowed[j] = mask ? mask + b * mask_b_stride + i * mask_q_stride : nullptr;
         limit[j] = L - Q + i;  // no mask: causal, aligned to the end of the keys
       }
-      attend_rows<T>(R, qf.data(), allowed, limit, kp + b * ks[0] + kvh * ks[1], ks[2], vp + b * vs[0] + kvh * vs[1],
+      attend<T>(R, qf.data(), allowed, limit, kp + b * ks[0] + kvh * ks[1], ks[2], vp + b * vs[0] + kvh * vs[1],
                      vs[2], L, D, Dv, scores.data(), keys.data(), of.data());
       for (int64_t j = 0; j < R; ++j) store_row<T>(op + ((b * Q + pos[j]) * H + head[j]) * Dv, of.data() + j * Dv, Dv);
     }
