@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 
 from .cost_domino import VerifyCost
-from .hybrid_domino import DraftBackoff, SourceChooser
+from .hybrid_domino import Calibration, DraftBackoff, SourceChooser, moving_average
 from .tree_domino import tree_budget, tree_values
 
 
@@ -38,13 +38,6 @@ class BatchProposal(NamedTuple):
     sources: list
     spans: list
     draft_expected: torch.Tensor
-
-
-def chain_expected(probs: torch.Tensor) -> torch.Tensor:
-    """(b, n) per-slot acceptance probabilities -> (b, n + 1) expected accepted tokens when k = 0 … n are verified
-    (Σ_{j<k} Π_{l≤j} p_l)."""
-    chain = probs.cumprod(dim=1)
-    return torch.cat([chain.new_zeros(len(chain), 1), chain.cumsum(dim=1)], dim=1)
 
 
 class BatchPolicy:
@@ -69,7 +62,7 @@ class BatchPolicy:
         self.choosers = [SourceChooser(max(max_span, 1), cost, cut_spans=cut_spans, history=history)
                          for _ in range(batch)]
         self.backoff = DraftBackoff(min_gain=0.0, alpha=1.0, max_skip=16) if backoff else None
-        self.realised = self.predicted = 1.0  # the draft's calibration: accepted ÷ expected tokens (pseudo-counts)
+        self.calibrated = Calibration(1.0)  # the draft's, over every row (`Calibration`)
         self.draft_seconds: float | None = None
         self.rows: list[int] = []  # live row -> original row, set by the loop each step (`begin_step`)
 
@@ -83,10 +76,8 @@ class BatchPolicy:
     def observe_draft(self, seconds: float) -> None:
         """One draft forward took `seconds` (kept only with a measuring cost: the prior is in units of a plain
         step, and a seeded sampling call must not depend on timings)."""
-        if not self.cost.measure:
-            return
-        old = self.draft_seconds
-        self.draft_seconds = seconds if old is None else 0.7 * old + 0.3 * seconds
+        if self.cost.measure:
+            self.draft_seconds = moving_average(self.draft_seconds, seconds, 0.3)
 
     def observe_verify(self, tokens: int, seconds: float) -> None:
         """A verify forward over `tokens` tokens took `seconds` (a measuring cost fits its curve to it)."""
@@ -94,7 +85,7 @@ class BatchPolicy:
 
     def calibration(self) -> float:
         """The draft's calibration so far: its accepted ÷ expected tokens (with pseudo-counts)."""
-        return self.realised / self.predicted
+        return self.calibrated.ratio
 
     def better_span(self, row: int, *spans):
         """The span a row's history expects more of (`SourceChooser.better_span`), None without any."""
@@ -117,8 +108,7 @@ class BatchPolicy:
         if span is not None:
             self.choosers[row].observe_branch(span, verified)
         if predicted is not None:
-            self.predicted += predicted
-            self.realised += depth
+            self.calibrated.observe(predicted, depth)
             self.choosers[row].observe_block(depth)
 
     def cache_history(self) -> dict:
@@ -140,33 +130,35 @@ class BatchPolicy:
             return span.tokens[: chooser.span_length(span)]
         return span.tokens
 
-    def confident(self, confidence: torch.Tensor) -> tuple[torch.Tensor, list[int]]:
-        """The draft's per-slot confidence (b, n) with the slots past each row's block zeroed, and each row's
-        block length: up to the slot where the draft's chain probability falls below the threshold."""
+    def block_lengths(self, confidence: torch.Tensor) -> torch.Tensor:
+        """(b,) each row's block length from the draft's per-slot confidence (b, n): up to the slot where the
+        draft's chain probability falls below the threshold (`draft_confidence_threshold`)."""
         if self.threshold <= 0:
-            return confidence, [confidence.shape[1]] * len(confidence)
-        kept = confidence.cumprod(dim=1) >= self.threshold  # a prefix: the chain probability only falls
-        return confidence * kept, kept.sum(dim=1).tolist()
+            return torch.full((len(confidence),), confidence.shape[1], dtype=torch.long)
+        return (confidence.cumprod(dim=1) >= self.threshold).sum(dim=1)  # a prefix: the chain probability only falls
 
-    def propose(self, spans: list, drafts, confidence, room: torch.Tensor) -> BatchProposal:
+    def propose(self, spans: list, draft, room: torch.Tensor) -> BatchProposal:
         """Each row's source: its span when the span's history expects more accepted tokens than the draft's
-        calibrated confidence does for its block, else the block (`drafts` (b, n), `confidence` (b, n); None
-        when the draft did not run), else nothing."""
+        calibrated expectation (`draft.expected`, the proposer's, held past the row's block length) does for its
+        block, else the block (`draft`: the proposer's [`Proposal`] of every row, None when the draft did not
+        run), else nothing."""
         b = len(spans)
-        n = 0 if drafts is None else drafts.shape[1]
+        n = 0 if draft is None else draft.ids.shape[1]
         width = max([n, 1] + [len(span.tokens) for span in spans if span is not None])
         ids = torch.zeros(b, width, dtype=torch.long)
         expected = torch.zeros(b, width + 1)
         draft_expected = torch.zeros(b, width + 1)
         rows_room, sources = [], []
-        ratio = self.realised / self.predicted
-        if drafts is not None:
-            confidence, lengths = self.confident(confidence.float().cpu())
-            own = chain_expected(confidence)  # (b, n + 1)
+        ratio = self.calibrated.ratio
+        if draft is not None:
+            lengths = self.block_lengths(draft.probs.float().cpu())
+            ks = torch.minimum(torch.arange(n + 1)[None, :], lengths[:, None])  # past a row's block: held
+            own = draft.expected.float().cpu().gather(1, ks)  # (b, n + 1)
             draft_expected[:, : n + 1] = own
             draft_expected[:, n + 1 :] = own[:, -1:]
+            lengths = lengths.tolist()
         for i, span in enumerate(spans):
-            block = float(ratio * draft_expected[i, n]) if drafts is not None else -1.0
+            block = float(ratio * draft_expected[i, n]) if draft is not None else -1.0
             span_values = None
             if span is not None:
                 model = self.choosers[self.rows[i]].span_model(span)
@@ -179,11 +171,11 @@ class BatchPolicy:
                 expected[i, length + 1 :] = span_values[-1]
                 rows_room.append(min(length, int(room[i])))
                 sources.append(span.source)
-            elif drafts is not None:
-                ids[i, :n] = drafts[i].cpu()
+            elif draft is not None:
+                ids[i, :n] = draft.ids[i].cpu()
                 expected[i] = ratio * draft_expected[i]
                 rows_room.append(min(lengths[i], int(room[i])))
-                sources.append("domino")
+                sources.append(draft.source)
             else:
                 rows_room.append(0)
                 sources.append("none")
@@ -236,6 +228,6 @@ class BatchPolicy:
             if span is not None:
                 self.choosers[self.rows[i]].span_model(span).observe(span.tokens, verified[i])
             if proposal.sources[i] == "domino" and q > 1:
-                self.predicted += float(proposal.draft_expected[i, min(q - 1, int(proposal.room[i]))])
-                self.realised += accepted[i]
+                self.calibrated.observe(float(proposal.draft_expected[i, min(q - 1, int(proposal.room[i]))]),
+                                        accepted[i])
 

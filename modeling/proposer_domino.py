@@ -14,7 +14,8 @@ Remote-code file (torch + transformers only). It owns the drafting pipeline, ove
     a span's q: one-hot (the span is fixed given the context)                            (`span_proposal`)
 
 A `Proposal` is what a loop verifies as a chain per row: token ids, the draft's processed logits they were drawn
-from (q, when sampling), each token's draft probability and the source (a tree is a `DraftTree`). The
+from (q, when sampling), each token's draft probability, the source and what it expects to gain (a tree is a
+`DraftTree`, its nodes' path probabilities its expectation). The
 proposer holds no per-call state besides the call's processors, criteria and span sources; each loop keeps its own
 caches and passes their inputs in. Nothing here reads the target's answer: every choice is made from the draft's
 distributions, so speculative sampling stays exact.
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .hybrid_domino import ContextLookup, Span, SuffixLookup
+from .hybrid_domino import ContextLookup, Span, SuffixLookup, chain_expected
 from .target_domino import DominoHeadTables, DominoTargetHead, block_position_ids, draft_slots
 from .tree_domino import DraftTree, reindexed
 
@@ -42,12 +43,17 @@ class Proposal:
             (the draft's q); one-hot for a span; None where nothing needs them (greedy).
         probs (`torch.Tensor` of shape `(b, k)`, *optional*): the draft's probability of each token, when scored.
         source (`str`): `"domino"` (the draft's block), `"lookup"` or `"cache"` (a span).
+        expected (`torch.Tensor` of shape `(b, k + 1)`, *optional*): what the proposal expects to gain: the
+            accepted tokens expected if its first 0 … k tokens are verified, from the draft's own per-slot
+            probabilities of a pass that draws nothing (`chain_expected`), or a span model's estimate for a span;
+            None where unknown. The policy weighs proposals by it; a drawn token never enters it.
     """
 
     ids: torch.Tensor
     logits: torch.Tensor | None = None
     probs: torch.Tensor | None = None
     source: str = "domino"
+    expected: torch.Tensor | None = None
 
     def __iter__(self):  # unpacks as (ids, logits, probs)
         return iter((self.ids, self.logits, self.probs))
@@ -172,8 +178,9 @@ class DominoProposer:
             with_probs (`bool`): also return each token's probability in `"greedy"` and `"sample"` modes.
 
         Returns:
-            [`Proposal`]: ids (b, k), the processed logits (b, k, V) unless `mode` is `"score"` or `forced`, and
-            each token's probability (b, k) when scored (`"score"`, `forced`, a threshold or `with_probs`).
+            [`Proposal`]: ids (b, k), the processed logits (b, k, V) unless `mode` is `"score"` or `forced`, each
+            token's probability (b, k) when scored (`"score"`, `forced`, a threshold or `with_probs`), and then,
+            unless the tokens were drawn (`"sample"`), the accepted tokens expected (b, k + 1) (`chain_expected`).
         """
         b, n = base.shape[:2]
         n = n if forced is None else forced.shape[1]
@@ -212,11 +219,13 @@ class DominoProposer:
             processed.append(full)
             if self.tables is not None and j + 1 < n:
                 state = self._step_gru(state, index, token)
-        if not ids:
-            return Proposal(anchors.new_zeros(b, 0), None, base.new_zeros(b, 0) if scored else None)
         keep = mode != "score" and forced is None
-        return Proposal(torch.stack(ids, dim=1), torch.stack(processed, dim=1) if keep else None,
-                        torch.stack(probs, dim=1).float() if scored else None)
+        probs = (torch.stack(probs, dim=1).float() if ids else base.new_zeros(b, 0).float()) if scored else None
+        expected = chain_expected(probs) if scored and mode != "sample" else None
+        if not ids:
+            return Proposal(anchors.new_zeros(b, 0), None, probs, expected=expected)
+        return Proposal(torch.stack(ids, dim=1), torch.stack(processed, dim=1) if keep else None, probs,
+                        expected=expected)
 
     def tree(self, slots, base, anchor, width: int, top_k: int) -> DraftTree:
         """The draft's tree for one row: `slots` (n, H) slot states, `base` (n, V') base logits, `anchor` (1,)
@@ -261,10 +270,12 @@ class DominoProposer:
         best = better(*spans)
         return tuple(sorted(spans, key=lambda span: span is not best))
 
-    def span_proposal(self, tokens, source: str, with_logits: bool) -> Proposal:
-        """A span (k,) as a one-row proposal; its q, when asked for, is one-hot (fixed given the context)."""
+    def span_proposal(self, tokens, source: str, with_logits: bool, expected=None) -> Proposal:
+        """A span (k,) as a one-row proposal; its q, when asked for, is one-hot (fixed given the context);
+        `expected` (k + 1 values), the span model's estimate, when known."""
         ids = torch.as_tensor(tokens, dtype=torch.long)[None]  # (1, k)
-        return Proposal(ids, self.span_logits(ids) if with_logits else None, None, source)
+        gain = None if expected is None else torch.as_tensor(expected, dtype=torch.float)[None]
+        return Proposal(ids, self.span_logits(ids) if with_logits else None, None, source, gain)
 
     def span_logits(self, ids):
         """(b, k) ids -> (b, k, V) logits that are 0 at each id and −inf elsewhere: a span's q."""

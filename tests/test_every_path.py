@@ -318,3 +318,17 @@ def test_draft_backoff_is_honoured(pair, path):
         assert output.tolist() == reference.tolist()
         runs[backoff] = unfitted.last_generation_stats.draft_runs
     assert sum(runs[True]) < sum(runs[False]) and all(runs[False][:-2])
+
+
+@pytest.mark.parametrize("sample", [False, True])
+def test_the_chain_weighs_its_block_by_what_it_expects_when_sampling_too(pair, sample, monkeypatch):
+    """One prompt's chain weighs a context span against the draft's expectation for its block (the proposer's
+    `Proposal.expected`), greedy or sampling: never 0 for a block the draft is sure of."""
+    target, draft, _ = pair
+    weighed = []
+    choose = SourceChooser.choose
+    monkeypatch.setattr(SourceChooser, "choose", lambda self, domino, *a: weighed.append(domino)
+                        or choose(self, domino, *a))
+    torch.manual_seed(0)
+    target.generate(REPEATING, do_sample=sample, max_new_tokens=16, assistant_model=draft, draft_backoff=False)
+    assert weighed and max(weighed) > 0

@@ -12,7 +12,7 @@ from test_sampling import PROMPT, chi_square_pvalue, exact_distribution, make_sa
 from transformers import LogitsProcessorList
 
 from domino_hf import DominoCandidateGenerator
-from domino_hf.modeling.hybrid_domino import DraftBackoff, expected_accepted
+from domino_hf.modeling.hybrid_domino import DraftBackoff, SourceChooser, expected_accepted
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -181,9 +181,7 @@ def target():
 
 def always_lookup(monkeypatch):
     """Make the choice prefer any lookup span (exercises the lookup q on most steps)."""
-    import domino_hf.modeling.generation_domino as generation
-
-    monkeypatch.setattr(generation, "expected_accepted", lambda probs, length=None: 0.0 if length is None else 1.0)
+    monkeypatch.setattr(SourceChooser, "choose", lambda self, domino, block, lookup, span: span.source)
 
 
 def lookup_steps(target, draft, n, seed, **kwargs):
@@ -253,7 +251,7 @@ def test_source_chooser_learns_from_acceptance():
     for _ in range(10):  # spans are copied verbatim, blocks over-rated by the draft
         chooser.update(_step("lookup", 4, span=span), 4, None, [1, 2, 3, 4, 5])
         chooser.update(_step("domino", 4, predicted=2.0), 1, None, [7, 8])
-    assert chooser.span_model(span).expected(4) > 3.4 and chooser.realised / chooser.predicted < 0.6
+    assert chooser.span_model(span).expected(4) > 3.4 and chooser.calibration.ratio < 0.6
     assert chooser.choose(2.0, 4, 0.1, span) == "lookup"
     assert not chooser.needs_lookup_score(2.0, 4, span)  # history alone decides: no teacher-forced rollout
     for _ in range(10):  # spans stop being right, also on steps that did not send them

@@ -212,8 +212,10 @@ def test_wrong_q_is_caught(target, monkeypatch):
     original = DominoCandidateGenerator._rollout
 
     def rollout_claiming_uniform_q(self, *args, **kwargs):
-        ids, logits, probs = original(self, *args, **kwargs)
-        return ids, None if logits is None else torch.zeros_like(logits), probs
+        proposal = original(self, *args, **kwargs)
+        if proposal.logits is not None:
+            proposal.logits = torch.zeros_like(proposal.logits)
+        return proposal
 
     monkeypatch.setattr(DominoCandidateGenerator, "_rollout", rollout_claiming_uniform_q)
     draft = peaked_draft(target)

@@ -206,7 +206,7 @@ def test_sglangs_greedy_domino_rollout_proposes_what_the_product_proposes(sglang
             generator = DominoCandidateGenerator(product, target, GenerationConfig(do_sample=False, max_length=64),
                                                  LogitsProcessorList(), prompt, DraftingSettings())
             slots = draft_slots(block_hidden[0], product.config)
-            ours = generator._rollout(slots, generator.head.logits(slots), prompt, greedy=True)[0]
+            ours = generator._rollout(slots, generator.head.logits(slots), prompt, greedy=True).ids
         # SGLang proposes block_size - 1 tokens; with shift_label the product drafts one more, the last slot
         assert theirs.shape == (1, block - 1)
         assert theirs[0].tolist() == ours[0, : block - 1].tolist(), seed

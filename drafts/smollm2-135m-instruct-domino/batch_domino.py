@@ -40,7 +40,7 @@ from .batch_policy_domino import BatchPolicy
 from .cost_domino import VERIFY_COSTS, VerifyCost
 from .generation_domino import HEURISTIC_SCHEDULES, lap_timer
 from .hybrid_domino import store_history
-from .proposer_domino import DominoProposer, span_sources
+from .proposer_domino import DominoProposer, Proposal, span_sources
 from .ragged_domino import (
     RaggedCache,
     RaggedContextCache,
@@ -210,17 +210,17 @@ class DominoBatchDecoder:
         lap = self._clock()
         spans = self._find_spans(room)  # per row: the best span, or None
         drafting = self.n_draft > 0 and int(room.max()) > 0 and self.policy.should_draft()
-        drafts = draft_logits = confidence = None
+        draft = None
         if drafting:
             began = time.perf_counter()
-            drafts, draft_logits, confidence = self._draft(int(room.max()))
+            draft = self._draft(int(room.max()))
             self.policy.observe_draft(time.perf_counter() - began)
             lap = self._clock()  # the draft's phases were laps of their own
-        proposal = self.policy.propose(spans, drafts, confidence, room)
+        proposal = self.policy.propose(spans, draft, room)
         q = self.policy.choose_length(proposal, drafting)
         step_ids = torch.cat([self.anchors[:, None], proposal.ids[:, : q - 1].to(self.anchors)], dim=1)  # (b, q)
         proposed = proposal.room.clamp(max=q - 1).to(self.anchors)  # draft tokens each row has verified
-        q_logits = self._q_logits(proposal, draft_logits, q) if self.do_sample and q > 1 else None
+        q_logits = self._q_logits(proposal, draft.logits if draft else None, q) if self.do_sample and q > 1 else None
         states = self.cache.states
         states.plan(q)
         began = time.perf_counter()
@@ -337,21 +337,22 @@ class DominoBatchDecoder:
         self.pending_counts = torch.zeros_like(self.pending_counts)
         return slots, base
 
-    def _draft(self, room: int):
-        """The draft's blocks for every live row: ids (b, n), their processed logits (b, n, V) when sampling (else
-        None) and the draft's greedy confidence per slot (b, n), from a pass that draws nothing."""
+    def _draft(self, room: int) -> Proposal:
+        """The draft's blocks for every live row (`Proposal`): ids (b, n), their processed logits (b, n, V) when
+        sampling (else None), and the draft's greedy confidence per slot (b, n) and what it expects to gain
+        (b, n + 1), from a pass that draws nothing."""
         slots, base = self._backbone(room)
         lap = self._clock()
         rollout = self.proposer.rollout
         if self.do_sample:  # the length is chosen from a pass that draws nothing, then the proposal is drawn
-            confidence = rollout(slots, base, self.anchors, "score").probs
-            ids, logits, _ = rollout(slots, base, self.anchors, "sample", process=self._process)
+            scored = rollout(slots, base, self.anchors, "score")
+            drawn = rollout(slots, base, self.anchors, "sample", process=self._process)
+            proposal = Proposal(drawn.ids, drawn.logits, scored.probs, drawn.source, scored.expected)
         else:
             mode = "greedy" if self.processors else "score"
-            ids, _, confidence = rollout(slots, base, self.anchors, mode, process=self._process, with_probs=True)
-            logits = None
+            proposal = rollout(slots, base, self.anchors, mode, process=self._process, with_probs=True)
         lap("head_rollout")
-        return ids.to(self.rows.device), logits, confidence.to(self.rows.device)
+        return proposal
 
     # -------------------------------------------------------------------------------------- target side
     def _forward(self, ids, mask, new, keep, block=None):

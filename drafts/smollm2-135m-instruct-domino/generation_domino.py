@@ -32,7 +32,7 @@ from .hybrid_domino import (
     shadow_accepted,
     store_history,
 )
-from .proposer_domino import DominoProposer, span_sources
+from .proposer_domino import DominoProposer, Proposal, span_sources
 from .target_domino import DominoTargetHead, check_draft_fits_target, context_features, hidden_state_indices
 
 logger = logging.getLogger(__name__)
@@ -249,62 +249,63 @@ class DominoCandidateGenerator(CandidateGenerator):
         self._stash_context(model_outputs, cur_len)
         budget = min(self.cap, self.max_length - cur_len - 1)  # the target adds a bonus token
         if budget <= 0:
-            return self._propose(input_ids, None, None, "none")
+            return self._propose(input_ids, None)
         self._spans = self.proposer.find_spans(input_ids, budget, self.chooser.better_span)  # best first
         self._span = self._spans[0] if self._spans else None
         span = input_ids.new_tensor(self._span.tokens) if self._span else input_ids.new_zeros(0)  # (L,) target ids
         if self._span and self.chooser.span_first(self._span):
             return self._propose_lookup(input_ids, span)
         if self.backoff is not None and not self.backoff.should_draft():
-            return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None, None, "none")
+            return self._propose_lookup(input_ids, span) if len(span) else self._propose(input_ids, None)
 
         n_draft = min(budget, self.config.num_draft_tokens)
         started = time.perf_counter()
         clock = self._clock()
         slot_hidden, base_logits = self._backbone(input_ids, model_kwargs, n_draft, clock)  # (n, H), (n, V')
-        predicted = greedy_ids = None
+        scored = predicted = None
         if len(span):  # choose before drawing anything: both scores are functions of the context only
-            greedy_ids, _, domino_probs = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
-            scores = {"domino": expected_accepted(domino_probs), "lookup": 0.0}
-            if self.chooser.needs_lookup_score(scores["domino"], n_draft, self._span):
-                lookup_probs = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])[2]
-                scores["lookup"] = expected_accepted(lookup_probs, len(span))
-            source = self.chooser.choose(scores["domino"], n_draft, scores["lookup"], self._span)
-            predicted = scores["domino" if source == "domino" else "lookup"]
-            if source != "domino":
+            scored = self._rollout(slot_hidden, base_logits, input_ids, greedy=True)
+            predicted = float(scored.expected[0, -1])  # what the block expects to gain (the proposer's estimate)
+            lookup = 0.0
+            if self.chooser.needs_lookup_score(predicted, n_draft, self._span):
+                forced = self._rollout(slot_hidden, base_logits, input_ids, forced=span[:n_draft])
+                lookup = expected_accepted(forced.probs[0].tolist(), len(span))  # the span, past the block too
+            if self.chooser.choose(predicted, n_draft, lookup, self._span) != "domino":
                 clock("head_rollout")
                 self.chooser.observe_draft(time.perf_counter() - started)
-                return self._propose_lookup(input_ids, span, predicted, shadow=greedy_ids[0])
-        if greedy_ids is not None and self.scoring_is_the_proposal:
-            clock("head_rollout")
-            self.chooser.observe_draft(time.perf_counter() - started)
-            return self._propose(input_ids, greedy_ids, None, "domino", predicted)
-        draft_ids, draft_logits, _ = self._rollout(slot_hidden, base_logits, input_ids)
+                return self._propose_lookup(input_ids, span, lookup, shadow=scored.ids[0])
+        if scored is not None and self.scoring_is_the_proposal:
+            proposal = scored
+        else:
+            proposal = self._rollout(slot_hidden, base_logits, input_ids)
         clock("head_rollout")
         self.chooser.observe_draft(time.perf_counter() - started)
-        return self._propose(input_ids, draft_ids, draft_logits, "domino", predicted)
+        return self._propose(input_ids, proposal, predicted)
 
     # ------------------------------------------------------------------------------------------- proposals
-    def _propose(self, input_ids, draft_ids, draft_logits, source, predicted=None, shadow=None, draft_ran=None):
-        """Record what is proposed (the accepted tokens predicted for it, when scored, and the block a span beat)
-        and hand it to transformers: candidate ids (1, cur_len + k), logits or None."""
+    def _propose(self, input_ids, proposal, predicted=None, shadow=None, draft_ran=None):
+        """Record what is proposed (its source, the accepted tokens the choice expected of it when it weighed one
+        against the other, and the block a span beat) and hand it to transformers: candidate ids
+        (1, cur_len + k), and its q when sampling (else None). `proposal` None or empty: a plain step."""
+        source = "none" if proposal is None or proposal.ids.shape[1] == 0 else proposal.source
         draft_ran = source == "domino" if draft_ran is None else draft_ran
-        if draft_ids is None or draft_ids.shape[1] == 0:
+        if source == "none":
             self._step = _Step(0, "none", None, None, draft_ran, self._spans)
             self._proposed_at = time.perf_counter()
             return input_ids, None
-        self._step = _Step(draft_ids.shape[1], source, predicted, shadow, draft_ran, self._spans)
-        candidates = torch.cat([input_ids, draft_ids.to(input_ids.device)], dim=1)
+        self._step = _Step(proposal.ids.shape[1], source, predicted, shadow, draft_ran, self._spans)
+        candidates = torch.cat([input_ids, proposal.ids.to(input_ids.device)], dim=1)
         self._proposed_at = time.perf_counter()
-        return candidates, draft_logits
+        return candidates, proposal.logits if self.return_logits else None
 
     def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
-        """The step's best span (context or cache) as candidates; when sampling, q is one-hot: the span is fixed
-        given the context and the cache."""
+        """The step's best span (context or cache) as candidates, with what its history expects of it; when
+        sampling, q is one-hot: the span is fixed given the context and the cache."""
         span = span[: self.chooser.span_length(self._span)].to(input_ids.device)
-        ids, logits, _ = self.proposer.span_proposal(span, self._span.source, self.return_logits)
-        return self._propose(input_ids, ids, logits, self._span.source, predicted, shadow,
-                             draft_ran=shadow is not None)
+        model = self.chooser.span_model(self._span)
+        expected = [model.expected(k) for k in range(len(span) + 1)]
+        proposal = self.proposer.span_proposal(span, self._span.source, self.return_logits, expected)
+        return self._propose(input_ids, proposal, predicted, shadow, draft_ran=shadow is not None)
 
     # ------------------------------------------------------------------------------------------- the draft
     def _stash_context(self, model_outputs, cur_len):
@@ -345,9 +346,10 @@ class DominoCandidateGenerator(CandidateGenerator):
         block = torch.ones(1, self.config.block_size, dtype=torch.bool, device=mask.device)
         return torch.cat([context, block], dim=1)[:, None, None, :].to(self.draft.device)
 
-    def _rollout(self, slot_hidden, base_logits, input_ids, forced=None, greedy=False):
-        """The proposer's rollout of this sequence's block: ids (1, k), their processed logits (1, k, V) when
-        sampling (else None), and the draft's probability of each chosen token (a list).
+    def _rollout(self, slot_hidden, base_logits, input_ids, forced=None, greedy=False) -> Proposal:
+        """The proposer's rollout of this sequence's block ([`Proposal`], one row): ids (1, k), their processed
+        logits (1, k, V) when sampling, the draft's probability of each chosen token and what the block expects
+        to gain, when scored.
 
         `forced` (k,) teacher-forces the given tokens and `greedy` takes argmaxes even when sampling (scoring
         passes, free of random draws). Otherwise drafting stops early at a stop criterion, or when the draft's
@@ -365,15 +367,12 @@ class DominoCandidateGenerator(CandidateGenerator):
         def stop(ids):
             return self.proposer.stops(torch.cat([input_ids, ids.to(input_ids.device)], dim=1))
 
-        proposal = self.proposer.rollout(
+        return self.proposer.rollout(
             slot_hidden[None], base_logits[None], input_ids[:, -1], mode,
             forced=None if forced is None else forced[None], process=process,
             threshold=0.0 if scoring else self.threshold,
-            stop=stop if not scoring and self.extra_stopping else None,
+            stop=stop if not scoring and self.extra_stopping else None, with_probs=scoring,
         )
-        probs = [] if proposal.probs is None else proposal.probs[0].tolist()
-        logits = proposal.logits if self.return_logits and not scoring else None
-        return proposal.ids.to(input_ids.device), logits, probs
 
     def remember(self, sequences) -> None:
         """After the call: add its prompt and output (`sequences`, (1, L) ids) to the suffix cache, if any, and

@@ -208,6 +208,29 @@ class DraftBackoff:
             self.skip_left = self.skip
 
 
+class Calibration:
+    """The draft's calibration in one call: accepted ÷ expected tokens of its past blocks (or trees), each side
+    starting from `prior` pseudo-tokens, since a draft's confidence is not its acceptance rate. The one rule every
+    policy scales the draft's expectation by."""
+
+    def __init__(self, prior: float):
+        self.realised = self.predicted = prior
+
+    @property
+    def ratio(self) -> float:
+        return self.realised / self.predicted
+
+    def observe(self, expected: float, accepted: float) -> None:
+        """A block the draft expected `expected` accepted tokens of had `accepted` accepted."""
+        self.predicted += expected
+        self.realised += accepted
+
+
+def moving_average(old: float | None, value: float, alpha: float) -> float:
+    """`value` folded into the moving average `old` (None: none yet) with weight `alpha`."""
+    return value if old is None else old + alpha * (value - old)
+
+
 class SpanModel:
     """What past lookup spans say about the next one: h[j] = P(token j+1 of a span is accepted | the tokens
     before it were), a moving average (weight `alpha`) over every step that had a span, sent or not. The
@@ -278,7 +301,7 @@ class SourceChooser:
             if bucket in self.spans and h:
                 self.spans[bucket] = SpanModel(max_span, tuple(h))
         self.alpha = alpha
-        self.realised = self.predicted = prior
+        self.calibration = Calibration(prior)  # the draft's realised ÷ predicted accepted tokens
         self.domino_average = 1.0  # accepted tokens per drafted block (real or shadow), moving average
         self.copying = False  # the last verify step accepted a whole span
         self.cut_spans = cut_spans  # DraftingSettings.cut_lookup_spans
@@ -318,8 +341,7 @@ class SourceChooser:
     def observe_draft(self, seconds: float) -> None:
         """One draft forward took `seconds` (kept only with a measuring verify cost)."""
         if self.cost.measure and seconds > 0:
-            old = self._draft_seconds
-            self._draft_seconds = seconds if old is None else old + self.alpha * (seconds - old)
+            self._draft_seconds = moving_average(self._draft_seconds, seconds, self.alpha)
 
     def span_first(self, span: Span) -> bool:
         """Send the span without drafting: a copy is under way, spans like it beat blocks by over a token lately,
@@ -351,7 +373,7 @@ class SourceChooser:
 
     def _values(self, domino_score: float, block: int, lookup_score: float, span: Span) -> tuple[float, float]:
         """Expected tokens (accepted + bonus) per verify cost of the block and of the span."""
-        domino = (1.0 + domino_score * self.realised / self.predicted) / self.cost(block + 1)
+        domino = (1.0 + domino_score * self.calibration.ratio) / self.cost(block + 1)
         return domino, self.span_value(span, lookup_score)
 
     def needs_lookup_score(self, domino_score: float, block: int, span: Span) -> bool:
@@ -377,8 +399,7 @@ class SourceChooser:
         elif step.source == "domino":
             self.observe_block(accepted)
             if step.predicted is not None:
-                self.predicted += step.predicted
-                self.realised += accepted
+                self.calibration.observe(step.predicted, accepted)
 
     def observe_block(self, accepted: int) -> None:
         """The draft's block (or tree) had `accepted` tokens accepted (or would have had, beaten by a span)."""
@@ -424,3 +445,10 @@ def expected_accepted(probs: list[float], length: int | None = None) -> float:
         rate = chain ** (1.0 / len(probs))
         total += chain * sum(rate**t for t in range(1, extra + 1))
     return total
+
+
+def chain_expected(probs: torch.Tensor) -> torch.Tensor:
+    """(b, n) per-slot acceptance probabilities -> (b, n + 1) expected accepted tokens when k = 0 … n are verified
+    (Σ_{j<k} Π_{l≤j} p_l): `expected_accepted` of every prefix, over rows."""
+    chain = probs.cumprod(dim=1)
+    return torch.cat([chain.new_zeros(len(chain), 1), chain.cumsum(dim=1)], dim=1)
