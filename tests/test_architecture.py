@@ -110,3 +110,56 @@ def test_vocabulary_map_round_trips():
     head = DominoTargetHead(target, config)
     assert head.to_draft_index(torch.tensor([4, 9, 2, 1])).tolist() == [1, 2, -1, 0]
     assert head.to_target_ids(torch.tensor([0, 2])).tolist() == [1, 9]
+
+
+def calls_in(path: Path) -> set[str]:
+    """What `path` calls: each call's function name (`f(…)`, `x.f(…)`) and `kw:name` for each keyword it passes."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            found.add(func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", ""))
+            found.update(f"kw:{keyword.arg}" for keyword in node.keywords if keyword.arg)
+    return found
+
+
+def functions_in(path: Path) -> set[str]:
+    return {node.name for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+# Each step of drafting and verifying, by the calls that do it, and the remote-code files allowed to make them:
+# the proposer drafts for every loop, acceptance_domino accepts for every loop (modeling_domino.py defines the
+# head's math, and runs it teacher-forced for training).
+ONE_OWNER = {
+    "the draft's forward over blocks (backbone)": ({"kw:block_embeds"}, {"proposer_domino.py"}),
+    "the head's rollout (GRU steps, corrections)": ({"gru_step", "correction_from_parts"},
+                                                    {"proposer_domino.py", "modeling_domino.py"}),
+    "random draws (the draft's tokens, acceptance)": ({"multinomial", "rand", "rand_like", "bernoulli", "exponential_"},
+                                                      {"proposer_domino.py", "acceptance_domino.py"}),
+    "span finding": ({"ContextLookup", "SuffixLookup", "lookup"}, {"proposer_domino.py", "hybrid_domino.py"}),
+    "cutting a proposal at a stop": ({"probe_copy"}, {"proposer_domino.py"}),
+}
+
+
+@pytest.mark.parametrize("step", ONE_OWNER)
+def test_each_step_is_implemented_by_one_module(step):
+    """No two modules implement the same step: the calls that do it appear only in its owner's file."""
+    names, owners = ONE_OWNER[step]
+    for path in sorted((ROOT / "modeling").glob("*.py")):
+        if path.name not in owners:
+            assert not calls_in(path) & names, f"{path.name} implements {step} ({calls_in(path) & names})"
+
+
+def test_acceptance_is_written_once():
+    """Greedy match, speculative sampling and the tree walk are functions of acceptance_domino.py alone, and the
+    loops call them (the single-prompt chain is accepted by transformers' own loop)."""
+    rules = {"greedy_match", "accept_chain", "accept_tree"}
+    for path in sorted((ROOT / "modeling").glob("*.py")):
+        defined = functions_in(path)
+        if path.name == "acceptance_domino.py":
+            assert rules <= defined
+        else:
+            assert not defined & rules and not {n for n in defined if "speculative" in n}, path.name
+    assert "accept_chain" in calls_in(ROOT / "modeling" / "batch_domino.py")
+    assert "accept_tree" in calls_in(ROOT / "modeling" / "tree_domino.py")
