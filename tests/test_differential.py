@@ -204,3 +204,24 @@ def test_a_loop_that_accepts_wrong_drafts_is_caught(fitted_pair):
     with mock.patch.object(batch_domino, "accept_chain", accept_all):
         with pytest.raises(AssertionError):
             check_against_plain_decoding(target, draft, sequences, bad)
+
+
+def test_a_tree_walk_that_accepts_wrong_nodes_is_caught(fitted_pair):
+    """Negative control for the tree path: a walk that keeps the likeliest child whatever the target chose fails
+    the same check."""
+    target, draft, sequences = pair(fitted_pair, "llama")
+    accept = tree_domino.accept_tree
+
+    def accept_first_child(tokens, parents, target_logits, do_sample=False):
+        path, bonus = accept(tokens, parents, target_logits, do_sample)
+        children = [i for i, parent in enumerate(parents.tolist()) if parent == -1]
+        if not path and children:  # the target rejected every child: keep the first anyway
+            path = [children[0]]
+            bonus = int(target_logits[children[0] + 1].argmax())
+        return path, bonus
+
+    bad = case([[3, 3, 9]], 20, tree=True, drafting={"draft_backoff": False})
+    check_against_plain_decoding(target, draft, sequences, bad)
+    with mock.patch.object(tree_domino, "accept_tree", accept_first_child):
+        with pytest.raises(AssertionError):
+            check_against_plain_decoding(target, draft, sequences, bad)
