@@ -33,6 +33,7 @@ import hashlib
 import logging
 import os
 import platform
+import time
 from pathlib import Path
 
 import torch
@@ -93,6 +94,21 @@ def _build_directory() -> Path:
     return cache / "extensions" / f"invariant_cpu-{digest}"
 
 
+STALE_LOCK_SECONDS = 600  # a build takes about a minute; a lock this old was left by a build that was killed
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch's extension builder waits for as long as its `lock` file exists, and a build that is killed (Ctrl-C,
+    a job's time limit) leaves it behind: every later load would hang. A lock older than any build is removed."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_SECONDS:
+        logger.warning("Removing %s, left %.0f s ago by a kernel build that did not finish; building again.", lock, age)
+        lock.unlink(missing_ok=True)
+
+
 def load_extension():
     """The compiled kernels (built once per machine and source version), or None with the reason in
     `extension_error()` (no compiler, a failed build)."""
@@ -104,6 +120,7 @@ def load_extension():
 
         directory = _build_directory()
         directory.mkdir(parents=True, exist_ok=True)
+        _clear_stale_lock(directory / "lock")
         if not any(directory.glob("*.so")):
             logger.info("Compiling the length-invariant CPU kernels once (about a minute) into %s.", directory)
         _extension = load(name=f"domino_invariant_cpu_{directory.name[-16:]}", sources=[str(SOURCE)],

@@ -223,3 +223,24 @@ def test_a_cpu_without_the_instructions_says_why_in_one_line(monkeypatch, caplog
         optimize_for_cpu(make_tiny_target("llama", vocab_size=32), kernels="invariant")
     with pytest.raises(ValueError, match="kernels="):
         optimize_for_cpu(make_tiny_target("llama", vocab_size=32), kernels="fast")
+
+
+def test_a_lock_left_by_a_killed_build_is_cleared_and_a_fresh_one_kept(tmp_path, caplog):
+    """torch's builder waits while its lock file exists: a build killed mid-way must not hang every later load."""
+    import os
+    import time
+
+    from domino_hf.exact_kernels import STALE_LOCK_SECONDS, _clear_stale_lock
+
+    fresh, stale = tmp_path / "fresh" / "lock", tmp_path / "stale" / "lock"
+    for lock in (fresh, stale):
+        lock.parent.mkdir()
+        lock.touch()
+    old = time.time() - STALE_LOCK_SECONDS - 5
+    os.utime(stale, (old, old))
+    with caplog.at_level("WARNING", logger="domino_hf.exact_kernels"):
+        _clear_stale_lock(stale)
+        _clear_stale_lock(fresh)
+        _clear_stale_lock(tmp_path / "none" / "lock")
+    assert not stale.exists() and fresh.exists()
+    assert "did not finish" in caplog.text
