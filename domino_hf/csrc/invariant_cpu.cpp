@@ -278,6 +278,20 @@ AVX512 inline __m512 hsum16(const __m512* a) {
   return _mm512_permutexvar_ps(order, hsum16_tree(a));
 }
 
+// A query's n visible scores (packed, in key order) -> exp(score - max) in place; returns their sum: 16 lanes
+// (lane = rank mod 16) added in rank order, then the `hsum` tree.
+AVX512 inline float exp_and_sum(float* sc, int64_t n, float max) {
+  const __m512 mx = _mm512_set1_ps(max);
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 m = lanes(n - t);
+    __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx)));
+    _mm512_mask_storeu_ps(sc + t, m, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  return hsum(sum);
+}
+
 // Up to ROWS queries of one key/value head against keys [0, L), each seeing those its `allowed` row marks (or,
 // with no mask, keys [0, limit]): scores, softmax and the weighted sum of values. Each key's and value's loads are
 // shared by the queries; each query's own arithmetic is one fixed sequence that depends only on it and its
@@ -337,18 +351,7 @@ AVX512 void attend_rows(int64_t R, const float* q /*[R][D] fp32, scaled*/, const
     }
   }
   float total[ROWS];
-  for (int64_t r = 0; r < R; ++r) {
-    float* sc = scores + r * ss;
-    const __m512 mxv = _mm512_set1_ps(mx[r]);
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n[r]; t += 16) {
-      const __mmask16 m = lanes(n[r] - t);
-      __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mxv)));
-      _mm512_mask_storeu_ps(sc + t, m, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    total[r] = hsum(sum);
-  }
+  for (int64_t r = 0; r < R; ++r) total[r] = exp_and_sum(scores + r * ss, n[r], mx[r]);
   __m512 o[ROWS][MAX_DV];
   int64_t next[ROWS];  // each query's next visible key (an index into its keys)
   for (int64_t r = 0; r < R; ++r) {
@@ -440,18 +443,7 @@ AVX512 void attend_group(const float* q /*[RB][D] fp32, scaled*/, const bool* co
     }
   }
   float total[RB];
-  for (int r = 0; r < RB; ++r) {
-    float* sc = scores + r * ss;
-    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(mxv[r]));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n[r]; t += 16) {
-      const __mmask16 m = lanes(n[r] - t);
-      __m512 e = _mm512_maskz_mov_ps(m, exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sc + t), mx)));
-      _mm512_mask_storeu_ps(sc + t, m, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    total[r] = hsum(sum);
-  }
+  for (int r = 0; r < RB; ++r) total[r] = exp_and_sum(scores + r * ss, n[r], _mm512_reduce_max_ps(mxv[r]));
   __m512 o[RB][VV];
   for (int r = 0; r < RB; ++r)
     for (int c = 0; c < VV; ++c) o[r][c] = _mm512_setzero_ps();
