@@ -45,8 +45,9 @@ class Proposal:
         source (`str`): `"domino"` (the draft's block), `"lookup"` or `"cache"` (a span).
         expected (`torch.Tensor` of shape `(b, k + 1)`, *optional*): what the proposal expects to gain: the
             accepted tokens expected if its first 0 … k tokens are verified, from the draft's own per-slot
-            probabilities of a pass that draws nothing (`chain_expected`), or a span model's estimate for a span;
-            None where unknown. The policy weighs proposals by it; a drawn token never enters it.
+            probabilities of a pass that draws nothing (`chain_expected`); None where unknown (a span's value is
+            its `SourceChooser`'s, from the span's history). The policy weighs proposals by it; a drawn token
+            never enters it.
     """
 
     ids: torch.Tensor
@@ -270,12 +271,10 @@ class DominoProposer:
         best = better(*spans)
         return tuple(sorted(spans, key=lambda span: span is not best))
 
-    def span_proposal(self, tokens, source: str, with_logits: bool, expected=None) -> Proposal:
-        """A span (k,) as a one-row proposal; its q, when asked for, is one-hot (fixed given the context);
-        `expected` (k + 1 values), the span model's estimate, when known."""
+    def span_proposal(self, tokens, source: str, with_logits: bool) -> Proposal:
+        """A span (k,) as a one-row proposal; its q, when asked for, is one-hot (fixed given the context)."""
         ids = torch.as_tensor(tokens, dtype=torch.long)[None]  # (1, k)
-        gain = None if expected is None else torch.as_tensor(expected, dtype=torch.float)[None]
-        return Proposal(ids, self.span_logits(ids) if with_logits else None, None, source, gain)
+        return Proposal(ids, self.span_logits(ids) if with_logits else None, None, source)
 
     def span_logits(self, ids):
         """(b, k) ids -> (b, k, V) logits that are 0 at each id and −inf elsewhere: a span's q."""

@@ -521,8 +521,8 @@ template <typename T>
 void attend(int64_t R, const float* q, const bool* const* allowed, const int64_t* limit, const T* k, int64_t k_stride,
             const T* v, int64_t v_stride, int64_t L, int64_t D, int64_t Dv, float* scores, int64_t* keys, float* out) {
   const int64_t qv = (D + 15) / 16, vv = (Dv + 15) / 16;
-  const int most = qv != vv ? 0 : qv <= 4 ? 4 : qv == 8 ? 2 : qv == 16 ? 1 : 0;
-  if (most == 0 || qv == 3) {
+  const int most = qv != vv ? 0 : (qv == 1 || qv == 2 || qv == 4) ? 4 : qv == 8 ? 2 : qv == 16 ? 1 : 0;
+  if (most == 0) {
     attend_rows<T>(R, q, allowed, limit, k, k_stride, v, v_stride, L, D, Dv, scores, keys, out);
     return;
   }

@@ -21,7 +21,7 @@ import torch
 
 from .cost_domino import VerifyCost
 from .hybrid_domino import Calibration, DraftBackoff, SourceChooser, moving_average
-from .tree_domino import tree_budget, tree_values
+from .tree_domino import best_count, tree_values
 
 
 class BatchProposal(NamedTuple):
@@ -198,10 +198,10 @@ class BatchPolicy:
         node): the back-off weighs the two, as `choose_length` does for a chain."""
         if not tree.size:
             return 0
-        count = tree_budget(tree, self.seconds, room)
+        values = tree_values(tree, self.seconds, room)
+        count = best_count(values)
         if alone is not None and self.backoff is not None:
-            without = max(tree_values(alone, self.seconds, room))
-            self._judge_draft(tree_values(tree, self.seconds, room)[count], 1, 1 + count, without)
+            self._judge_draft(values[count], 1, 1 + count, max(tree_values(alone, self.seconds, room)))
         return count
 
     def _judge_draft(self, value: float, rows: int, tokens: int, without: float) -> None:

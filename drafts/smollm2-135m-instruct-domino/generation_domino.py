@@ -299,12 +299,10 @@ class DominoCandidateGenerator(CandidateGenerator):
         return candidates, proposal.logits if self.return_logits else None
 
     def _propose_lookup(self, input_ids, span, predicted=None, shadow=None):
-        """The step's best span (context or cache) as candidates, with what its history expects of it; when
-        sampling, q is one-hot: the span is fixed given the context and the cache."""
+        """The step's best span (context or cache) as candidates; when sampling, q is one-hot: the span is fixed
+        given the context and the cache. (What it expects to gain is the chooser's, from the span's history.)"""
         span = span[: self.chooser.span_length(self._span)].to(input_ids.device)
-        model = self.chooser.span_model(self._span)
-        expected = [model.expected(k) for k in range(len(span) + 1)]
-        proposal = self.proposer.span_proposal(span, self._span.source, self.return_logits, expected)
+        proposal = self.proposer.span_proposal(span, self._span.source, self.return_logits)
         return self._propose(input_ids, proposal, predicted, shadow, draft_ran=shadow is not None)
 
     # ------------------------------------------------------------------------------------------- the draft

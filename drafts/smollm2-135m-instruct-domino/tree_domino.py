@@ -123,11 +123,14 @@ def tree_values(tree: DraftTree, seconds, room: int) -> list[float]:
     return [(1.0 + float(expected[count])) / seconds(1 + count) for count in range(len(expected))]
 
 
+def best_count(values: list[float]) -> int:
+    """The node count with the most expected tokens per second (`tree_values`), the fewest nodes on a tie."""
+    return max(range(len(values)), key=lambda count: (values[count], -count))
+
+
 def tree_budget(tree: DraftTree, seconds, room: int) -> int:
-    """How many of the tree's nodes (most probable first) to verify: the most expected tokens per second
-    (`tree_values`), the fewest nodes on a tie."""
-    value = tree_values(tree, seconds, room)
-    return max(range(len(value)), key=lambda count: (value[count], -count))
+    """How many of the tree's nodes (most probable first) to verify: `best_count` of `tree_values`."""
+    return best_count(tree_values(tree, seconds, room))
 
 
 def path_keys(tree: DraftTree) -> list[tuple[int, ...]]:
